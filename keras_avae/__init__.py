@@ -1,0 +1,7 @@
+"""keras-avae: deep attentive variational autoencoders for Keras 3."""
+
+from keras_avae import distributions
+from keras_avae import layers
+from keras_avae import ops
+
+__version__ = "0.1.0.dev0"

@@ -1,0 +1,222 @@
+"""Shared checks every keras-avae layer must pass, on whichever backend runs.
+
+Modelled on keras-hub's `TestCase.run_layer_test`: one call checks the config
+round trip, build, symbolic and eager calls, a `fit` step, mixed precision,
+XLA compilation (TensorFlow and JAX) and a `.keras` save/load round trip.
+"""
+
+import os
+import tempfile
+
+import keras
+import numpy as np
+from keras import ops
+
+BACKEND = keras.backend.backend()
+
+
+def to_numpy(x):
+    """Converts a tensor (or nested structure of tensors) to NumPy float64."""
+    return keras.tree.map_structure(
+        lambda t: np.asarray(ops.convert_to_numpy(ops.cast(t, "float32")), dtype=np.float64),
+        x,
+    )
+
+
+def _shape_of(x):
+    return keras.tree.map_structure(lambda t: tuple(t.shape), x)
+
+
+def _symbolic_like(x):
+    return keras.tree.map_structure(
+        lambda t: keras.KerasTensor(tuple(t.shape), dtype=keras.backend.standardize_dtype(t.dtype)),
+        x,
+    )
+
+
+def _inputs_like(x, name="input"):
+    """Functional `keras.Input`s with the same structure as the data `x`."""
+    if isinstance(x, dict):
+        return {k: _inputs_like(v, name=k) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_inputs_like(v, name=f"{name}_{i}") for i, v in enumerate(x)]
+    return keras.Input(
+        batch_shape=tuple(x.shape),
+        dtype=keras.backend.standardize_dtype(x.dtype),
+        name=name,
+    )
+
+
+def _call(layer, data, call_kwargs):
+    if isinstance(data, dict):
+        return layer(**data, **call_kwargs)
+    return layer(data, **call_kwargs)
+
+
+class TestCase:
+    """Mix-in with the shared layer checks; use as a plain pytest base class."""
+
+    def assertAllClose(self, actual, desired, atol=1e-6, rtol=1e-6, msg=""):
+        np.testing.assert_allclose(to_numpy(actual), to_numpy(desired), atol=atol, rtol=rtol, err_msg=msg)
+
+    def assertAllFinite(self, x, msg=""):
+        for t in keras.tree.flatten(to_numpy(x)):
+            assert np.all(np.isfinite(t)), msg or "non-finite values"
+
+    def run_serialization_test(self, layer):
+        """`get_config` round-trips through `from_config` and Keras' registry."""
+        config = layer.get_config()
+        revived = layer.__class__.from_config(config)
+        assert revived.get_config() == config
+        serialized = keras.saving.serialize_keras_object(layer)
+        assert serialized["registered_name"].startswith("keras_avae>"), serialized["registered_name"]
+        revived = keras.saving.deserialize_keras_object(serialized)
+        assert isinstance(revived, layer.__class__)
+        assert revived.get_config() == config
+
+    def run_layer_test(
+        self,
+        cls,
+        init_kwargs,
+        input_data,
+        expected_output_shape=None,
+        expected_num_trainable_weights=None,
+        expected_num_non_trainable_weights=None,
+        call_kwargs=None,
+        run_training_check=True,
+        run_precision_checks=True,
+        run_jit_check=True,
+        run_saving_check=True,
+        output_to_tensor=None,
+        training_atol=None,
+    ):
+        """Runs the standard battery of checks on one layer class.
+
+        Args:
+            cls: the layer class.
+            init_kwargs: dict of constructor arguments.
+            input_data: the call's inputs, one array or a dict of keyword
+                arguments (e.g. `{"query": q, "value": v}`).
+            expected_output_shape: the output shape (or structure of shapes).
+            expected_num_trainable_weights: number of trainable weights.
+            expected_num_non_trainable_weights: number of non-trainable weights.
+            call_kwargs: extra keyword arguments for every call.
+            run_training_check: run one `fit` step on a functional model.
+            run_precision_checks: check `mixed_float16` and `mixed_bfloat16`.
+            run_jit_check: compare eager and XLA-compiled outputs (TF, JAX).
+            run_saving_check: `.keras` round trip of a functional model.
+            output_to_tensor: maps the layer output to one tensor (for layers
+                that return distributions or structures); default identity.
+        """
+        call_kwargs = call_kwargs or {}
+        output_to_tensor = output_to_tensor or (lambda y: y)
+
+        # Config round trip, before and after build.
+        layer = cls(**init_kwargs)
+        self.run_serialization_test(layer)
+
+        # Symbolic call gives the same shapes as compute_output_shape.
+        layer = cls(**init_kwargs)
+        symbolic_out = _call(layer, _symbolic_like(input_data), call_kwargs)
+        if expected_output_shape is not None:
+            assert _shape_of(output_to_tensor(symbolic_out)) == expected_output_shape, (
+                _shape_of(output_to_tensor(symbolic_out)),
+                expected_output_shape,
+            )
+
+        # Eager call.
+        layer = cls(**init_kwargs)
+        output = _call(layer, input_data, call_kwargs)
+        assert layer.built
+        for sub in layer._flatten_layers(include_self=False):
+            assert sub.built, f"sublayer {sub.name} of {layer.name} was not built"
+        tensor_out = output_to_tensor(output)
+        if expected_output_shape is not None:
+            assert _shape_of(tensor_out) == expected_output_shape, (
+                _shape_of(tensor_out),
+                expected_output_shape,
+            )
+        self.assertAllFinite(tensor_out)
+        if expected_num_trainable_weights is not None:
+            assert len(layer.trainable_weights) == expected_num_trainable_weights, len(layer.trainable_weights)
+        if expected_num_non_trainable_weights is not None:
+            assert len(layer.non_trainable_weights) == expected_num_non_trainable_weights, len(
+                layer.non_trainable_weights
+            )
+        self.run_serialization_test(layer)
+
+        if run_training_check:
+            self._run_training_check(cls, init_kwargs, input_data, call_kwargs, output_to_tensor)
+        if run_precision_checks:
+            self._run_precision_checks(cls, init_kwargs, input_data, call_kwargs, output_to_tensor)
+        if run_jit_check and BACKEND in ("tensorflow", "jax"):
+            self._run_jit_check(cls, init_kwargs, input_data, call_kwargs, output_to_tensor)
+        if run_saving_check:
+            self._run_saving_check(cls, init_kwargs, input_data, call_kwargs, output_to_tensor)
+        return output
+
+    def _functional_model(self, cls, init_kwargs, input_data, call_kwargs, output_to_tensor, **extra):
+        inputs = _inputs_like(input_data)
+        layer = cls(**init_kwargs, **extra)
+        outputs = output_to_tensor(_call(layer, inputs, call_kwargs))
+        return keras.Model(inputs, outputs), layer
+
+    def _run_training_check(self, cls, init_kwargs, input_data, call_kwargs, output_to_tensor):
+        model, layer = self._functional_model(cls, init_kwargs, input_data, call_kwargs, output_to_tensor)
+        target = keras.tree.map_structure(lambda t: np.zeros(t.shape, "float32"), model.outputs)
+        model.compile(optimizer=keras.optimizers.SGD(1e-3), loss="mse")
+        before = [np.array(w) for w in layer.trainable_weights]
+        model.fit(input_data, target, batch_size=_batch_size(input_data), epochs=1, verbose=0, shuffle=False)
+        after = [np.array(w) for w in layer.trainable_weights]
+        for w, b, a in zip(layer.trainable_weights, before, after):
+            assert np.all(np.isfinite(a)), f"weight {w.path} became non-finite after one fit step"
+
+    def _run_precision_checks(self, cls, init_kwargs, input_data, call_kwargs, output_to_tensor):
+        for policy in ("mixed_float16", "mixed_bfloat16"):
+            compute_dtype = policy.split("_")[1]
+            layer = cls(**init_kwargs, dtype=policy)
+            data = keras.tree.map_structure(
+                lambda t: ops.cast(t, compute_dtype)
+                if keras.backend.is_float_dtype(keras.backend.standardize_dtype(t.dtype))
+                else t,
+                input_data,
+            )
+            out = output_to_tensor(_call(layer, data, call_kwargs))
+            for t in keras.tree.flatten(out):
+                if keras.backend.is_float_dtype(keras.backend.standardize_dtype(t.dtype)):
+                    assert keras.backend.standardize_dtype(t.dtype) == compute_dtype, (
+                        policy,
+                        t.dtype,
+                    )
+            self.assertAllFinite(out, msg=f"non-finite output under {policy}")
+            for w in layer.weights:
+                assert keras.backend.standardize_dtype(w.dtype) == "float32" or not keras.backend.is_float_dtype(
+                    w.dtype
+                ), (w.path, w.dtype)
+
+    def _run_jit_check(self, cls, init_kwargs, input_data, call_kwargs, output_to_tensor):
+        model, _ = self._functional_model(cls, init_kwargs, input_data, call_kwargs, output_to_tensor)
+        eager = model.predict(input_data, batch_size=_batch_size(input_data), verbose=0)
+        model.compile(jit_compile=True)
+        compiled = model.predict(input_data, batch_size=_batch_size(input_data), verbose=0)
+        self.assertAllClose(compiled, eager, atol=1e-4, rtol=1e-4)
+
+    def _run_saving_check(self, cls, init_kwargs, input_data, call_kwargs, output_to_tensor):
+        model, _ = self._functional_model(cls, init_kwargs, input_data, call_kwargs, output_to_tensor)
+        self.run_model_saving_test(model, input_data)
+
+    def run_model_saving_test(self, model, input_data, atol=1e-6):
+        """`.keras` round trip: same class, same outputs on the same inputs."""
+        expected = model.predict(input_data, batch_size=_batch_size(input_data), verbose=0)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "model.keras")
+            model.save(path)
+            restored = keras.saving.load_model(path)
+        assert isinstance(restored, model.__class__)
+        actual = restored.predict(input_data, batch_size=_batch_size(input_data), verbose=0)
+        self.assertAllClose(actual, expected, atol=atol, rtol=atol)
+        return restored
+
+
+def _batch_size(data):
+    return int(keras.tree.flatten(data)[0].shape[0])
