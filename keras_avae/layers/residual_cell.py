@@ -1,0 +1,276 @@
+"""The NVAE-style residual cell of the attentive VAE, optionally non-local."""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_avae.layers.non_local_block import NonLocalBlock
+from keras_avae.layers.weight_norm_conv2d import WeightNormConv2D
+
+_SCALES = ("same", "down", "up")
+
+
+@keras.saving.register_keras_serializable(package="keras_avae")
+class ResidualCell(keras.layers.Layer):
+    """Two (BatchNorm -> [NonLocal] -> Swish -> 3x3 conv) nodes and a shortcut.
+
+    The residual cell of NVAE (Vahdat & Kautz, 2020) as used by "Deep
+    Attentive Variational Inference": `output = residual_scale * residual +
+    shortcut`. With `nonlocal_key_dim` set, a `NonLocalBlock` sits in each
+    node between the batch norm and the activation (paper Sec. 2.6, Fig. 3).
+
+    - `scale="same"`: channels and size kept; the shortcut is the identity.
+    - `scale="down"`: stride 2 in the first node, channels doubled; the
+      shortcut is a factorised reduce (Swish, then four stride-2 1x1 convs on
+      the input shifted by 0 or 1 pixel, concatenated).
+    - `scale="up"`: nearest-neighbour x2 upsampling before the nodes,
+      channels halved; the shortcut is a bilinear (corner-aligned) x2 resize,
+      an optional non-local block and a bias-free 1x1 conv.
+
+    All convolutions are weight-normalised.
+
+    Args:
+        scale: `"same"`, `"down"` or `"up"`.
+        nonlocal_key_dim: int or `None`. Key channels of the non-local blocks;
+            `None` (default) means no non-local block.
+        nonlocal_attention: `"softmax"` or `"performer"`, for the non-local
+            blocks. Defaults to `"softmax"`.
+        nonlocal_num_random_features: int, FAVOR+ features for
+            `nonlocal_attention="performer"`. Defaults to `256`.
+        residual_scale: float. Defaults to `0.1`.
+        bn_momentum: float. Defaults to `0.9` (the reference's).
+        bn_epsilon: float. Defaults to `1e-5`.
+        synchronized_batch_norm: bool. Synchronise batch statistics across
+            replicas under a `tf.distribute` strategy (TensorFlow backend).
+            Defaults to `False`.
+        kernel_regularizer: regularizer for every conv and batch norm weight.
+        seed: int or `None`, for the non-local blocks' random features.
+        **kwargs: base layer arguments.
+
+    Call arguments:
+        inputs: tensor of shape `(B, H, W, C)`.
+        training: bool, batch-norm mode.
+
+    Returns:
+        `(B, H, W, C)` for `"same"`, `(B, H/2, W/2, 2C)` for `"down"`,
+        `(B, 2H, 2W, C/2)` for `"up"`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> cell = ResidualCell("down")
+    >>> tuple(cell(np.zeros((2, 8, 8, 6), "float32")).shape)
+    (2, 4, 4, 12)
+    """
+
+    def __init__(
+        self,
+        scale="same",
+        nonlocal_key_dim=None,
+        nonlocal_attention="softmax",
+        nonlocal_num_random_features=256,
+        residual_scale=0.1,
+        bn_momentum=0.9,
+        bn_epsilon=1e-5,
+        synchronized_batch_norm=False,
+        kernel_regularizer=None,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if scale not in _SCALES:
+            raise ValueError(f"`scale` must be one of {_SCALES}. Received: scale={scale!r}")
+        if nonlocal_key_dim is not None and (not isinstance(nonlocal_key_dim, int) or nonlocal_key_dim < 1):
+            raise ValueError(
+                f"`nonlocal_key_dim` must be a positive int or None. Received: nonlocal_key_dim={nonlocal_key_dim!r}"
+            )
+        self.scale = scale
+        self.nonlocal_key_dim = nonlocal_key_dim
+        self.nonlocal_attention = nonlocal_attention
+        self.nonlocal_num_random_features = nonlocal_num_random_features
+        self.residual_scale = residual_scale
+        self.bn_momentum = bn_momentum
+        self.bn_epsilon = bn_epsilon
+        self.synchronized_batch_norm = synchronized_batch_norm
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.seed = seed
+
+    def _nonlocal(self, name):
+        return NonLocalBlock(
+            key_dim=self.nonlocal_key_dim,
+            attention=self.nonlocal_attention,
+            num_random_features=self.nonlocal_num_random_features,
+            kernel_regularizer=self.kernel_regularizer,
+            seed=self.seed,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, input_shape):
+        channels = input_shape[-1]
+        if channels is None:
+            raise ValueError(f"The channel axis must be defined. Received: input_shape={input_shape}")
+        if self.scale == "up" and channels % 2:
+            raise ValueError(f"scale='up' halves the channels, so they must be even. Received: input_shape={input_shape}")
+        out_channels = {"same": channels, "down": 2 * channels, "up": channels // 2}[self.scale]
+        self.out_channels = out_channels
+        batch, height, width = input_shape[0], input_shape[1], input_shape[2]
+        if self.scale == "up":
+            height, width = 2 * height, 2 * width
+
+        self.node_norms, self.node_nonlocals, self.node_convs = [], [], []
+        node_in = channels
+        for i in range(2):
+            norm = keras.layers.BatchNormalization(
+                momentum=self.bn_momentum,
+                epsilon=self.bn_epsilon,
+                synchronized=self.synchronized_batch_norm,
+                gamma_regularizer=self.kernel_regularizer,
+                beta_regularizer=self.kernel_regularizer,
+                dtype=self.dtype_policy,
+                name=f"node{i}_bn",
+            )
+            stride = 2 if (self.scale == "down" and i == 0) else 1
+            conv = WeightNormConv2D(
+                out_channels,
+                3,
+                strides=stride,
+                kernel_regularizer=self.kernel_regularizer,
+                bias_regularizer=self.kernel_regularizer,
+                dtype=self.dtype_policy,
+                name=f"node{i}_conv",
+            )
+            shape = (batch, height, width, node_in)
+            norm.build(shape)
+            nonlocal_block = None
+            if self.nonlocal_key_dim is not None:
+                nonlocal_block = self._nonlocal(f"node{i}_nonlocal")
+                nonlocal_block.build(shape)
+            conv.build(shape)
+            self.node_norms.append(norm)
+            self.node_nonlocals.append(nonlocal_block)
+            self.node_convs.append(conv)
+            if stride == 2:
+                height, width = -(-height // 2), -(-width // 2)
+            node_in = out_channels
+
+        in_shape = tuple(input_shape)
+        if self.scale == "down":
+            quarter = out_channels // 4
+            splits = [quarter, quarter, quarter, out_channels - 3 * quarter]
+            self.reduce_convs = []
+            for i, filters in enumerate(splits):
+                conv = WeightNormConv2D(
+                    filters,
+                    1,
+                    strides=2,
+                    padding="valid",
+                    kernel_regularizer=self.kernel_regularizer,
+                    bias_regularizer=self.kernel_regularizer,
+                    dtype=self.dtype_policy,
+                    name=f"reduce{i}_conv",
+                )
+                conv.build(in_shape)
+                self.reduce_convs.append(conv)
+        elif self.scale == "up":
+            up_shape = (batch, 2 * input_shape[1], 2 * input_shape[2], channels)
+            self.shortcut_nonlocal = None
+            if self.nonlocal_key_dim is not None:
+                self.shortcut_nonlocal = self._nonlocal("shortcut_nonlocal")
+                self.shortcut_nonlocal.build(up_shape)
+            self.shortcut_conv = WeightNormConv2D(
+                out_channels,
+                1,
+                use_bias=False,
+                kernel_regularizer=self.kernel_regularizer,
+                dtype=self.dtype_policy,
+                name="shortcut_conv",
+            )
+            self.shortcut_conv.build(up_shape)
+            # Corner-aligned bilinear x2 resize as two fixed interpolation
+            # matrices (keras.ops.image.resize has no align_corners).
+            self._resize_rows = _align_corners_matrix(input_shape[1])
+            self._resize_cols = _align_corners_matrix(input_shape[2])
+
+    def call(self, inputs, training=None):
+        x = inputs
+        if self.scale == "up":
+            x = ops.repeat(ops.repeat(x, 2, axis=1), 2, axis=2)
+        for norm, nonlocal_block, conv in zip(self.node_norms, self.node_nonlocals, self.node_convs):
+            x = norm(x, training=training)
+            if nonlocal_block is not None:
+                x = nonlocal_block(x, training=training)
+            x = conv(ops.silu(x))
+        return self.residual_scale * x + self._shortcut(inputs, training)
+
+    def _shortcut(self, inputs, training):
+        if self.scale == "same":
+            return inputs
+        if self.scale == "down":
+            u = ops.silu(inputs)
+            # Even/odd pixel phases, so no input pixel is skipped by stride 2.
+            shifted = [u, u[:, 1:, 1:], u[:, :, 1:], u[:, 1:, :]]
+            parts = [conv(s) for conv, s in zip(self.reduce_convs, shifted)]
+            height, width = ops.shape(parts[0])[1], ops.shape(parts[0])[2]
+            parts = [_pad_to(p, height, width) for p in parts]
+            return ops.concatenate(parts, axis=-1)
+        rows = ops.convert_to_tensor(self._resize_rows, dtype=self.compute_dtype)
+        cols = ops.convert_to_tensor(self._resize_cols, dtype=self.compute_dtype)
+        x = ops.einsum("oh,bhwc->bowc", rows, inputs)
+        x = ops.einsum("pw,bowc->bopc", cols, x)
+        if self.shortcut_nonlocal is not None:
+            x = self.shortcut_nonlocal(x, training=training)
+        return self.shortcut_conv(x)
+
+    def compute_output_shape(self, input_shape):
+        batch, height, width, channels = input_shape
+        if self.scale == "same":
+            return tuple(input_shape)
+        if self.scale == "down":
+            half = lambda s: None if s is None else -(-s // 2)  # noqa: E731
+            return (batch, half(height), half(width), 2 * channels)
+        double = lambda s: None if s is None else 2 * s  # noqa: E731
+        return (batch, double(height), double(width), channels // 2)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "scale": self.scale,
+                "nonlocal_key_dim": self.nonlocal_key_dim,
+                "nonlocal_attention": self.nonlocal_attention,
+                "nonlocal_num_random_features": self.nonlocal_num_random_features,
+                "residual_scale": self.residual_scale,
+                "bn_momentum": self.bn_momentum,
+                "bn_epsilon": self.bn_epsilon,
+                "synchronized_batch_norm": self.synchronized_batch_norm,
+                "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
+                "seed": self.seed,
+            }
+        )
+        return config
+
+
+def _align_corners_matrix(size):
+    """(2*size, size) bilinear interpolation weights with aligned corners."""
+    out = 2 * size
+    matrix = np.zeros((out, size), "float32")
+    if size == 1:
+        matrix[:, 0] = 1.0
+        return matrix
+    positions = np.arange(out) * (size - 1) / (out - 1)
+    low = np.floor(positions).astype(int)
+    high = np.minimum(low + 1, size - 1)
+    frac = (positions - low).astype("float32")
+    matrix[np.arange(out), low] += 1.0 - frac
+    matrix[np.arange(out), high] += frac
+    return matrix
+
+
+def _pad_to(x, height, width):
+    """Zero-pads the bottom/right of `x` to `(height, width)` (odd inputs)."""
+    pad_h = height - ops.shape(x)[1]
+    pad_w = width - ops.shape(x)[2]
+    if isinstance(pad_h, int) and isinstance(pad_w, int) and pad_h == 0 and pad_w == 0:
+        return x
+    return ops.pad(x, [[0, 0], [0, pad_h], [0, pad_w], [0, 0]])

@@ -1,0 +1,146 @@
+"""Weight-normalised 2-D convolution (Salimans & Kingma, 2016)."""
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_avae")
+class WeightNormConv2D(keras.layers.Layer):
+    """A 2-D convolution whose kernel is `v / ||v|| * exp(log_g)`.
+
+    Weight normalisation (Salimans & Kingma, NeurIPS 2016) as used by NVAE
+    and by the attentive VAE: each output channel's kernel is the direction
+    `v / ||v||` (norm over kernel height, width and input channels) times a
+    learned scale `exp(log_g)`. `log_g` starts at `log ||v||`, so at
+    initialisation the layer is the plain convolution with kernel `v`. The
+    norm and the scale are computed in float32.
+
+    Args:
+        filters: int, the number of output channels.
+        kernel_size: int, the (square) kernel size.
+        strides: int. Defaults to `1`.
+        padding: `"same"` or `"valid"`. Defaults to `"same"`.
+        use_bias: bool. Defaults to `True`.
+        kernel_initializer: initializer for `v`. Defaults to the reference's
+            `VarianceScaling(0.33, "fan_in", "uniform")`.
+        bias_initializer: initializer for the bias. Defaults to `"zeros"`.
+        kernel_regularizer: regularizer for `v` and `log_g`.
+        bias_regularizer: regularizer for the bias.
+        **kwargs: base layer arguments.
+
+    Call arguments:
+        inputs: tensor of shape `(B, H, W, C_in)`.
+
+    Returns:
+        Tensor of shape `(B, H', W', filters)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> conv = WeightNormConv2D(8, 3, strides=2)
+    >>> tuple(conv(np.zeros((2, 16, 16, 4), "float32")).shape)
+    (2, 8, 8, 8)
+    """
+
+    def __init__(
+        self,
+        filters,
+        kernel_size,
+        strides=1,
+        padding="same",
+        use_bias=True,
+        kernel_initializer=None,
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        for name, value in (("filters", filters), ("kernel_size", kernel_size), ("strides", strides)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
+        if padding not in ("same", "valid"):
+            raise ValueError(f"`padding` must be 'same' or 'valid'. Received: padding={padding!r}")
+        self.filters = filters
+        self.kernel_size = kernel_size
+        self.strides = strides
+        self.padding = padding
+        self.use_bias = use_bias
+        if kernel_initializer is None:
+            kernel_initializer = keras.initializers.VarianceScaling(
+                scale=0.33, mode="fan_in", distribution="uniform"
+            )
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+
+    def build(self, input_shape):
+        channels = input_shape[-1]
+        if channels is None:
+            raise ValueError(f"The channel axis of the input must be defined. Received: input_shape={input_shape}")
+        self.kernel = self.add_weight(
+            name="kernel",
+            shape=(self.kernel_size, self.kernel_size, channels, self.filters),
+            initializer=self.kernel_initializer,
+            regularizer=self.kernel_regularizer,
+        )
+        # log_g starts at log ||v||. A callable, not a constant: under a
+        # symbolic build Keras defers variable initialisation, and the kernel
+        # has no value yet when this line runs.
+        self.log_g = self.add_weight(
+            name="log_g",
+            shape=(self.filters,),
+            initializer=lambda shape, dtype=None: ops.cast(ops.log(self._kernel_norm()), dtype or "float32"),
+            regularizer=self.kernel_regularizer,
+        )
+        if self.use_bias:
+            self.bias = self.add_weight(
+                name="bias",
+                shape=(self.filters,),
+                initializer=self.bias_initializer,
+                regularizer=self.bias_regularizer,
+            )
+        else:
+            self.bias = None
+
+    def _kernel_norm(self):
+        kernel = ops.cast(self.kernel, "float32")
+        return ops.sqrt(ops.sum(ops.square(kernel), axis=(0, 1, 2)) + 1e-12)
+
+    def call(self, inputs):
+        scale = ops.exp(ops.cast(self.log_g, "float32")) / self._kernel_norm()
+        kernel = ops.cast(ops.cast(self.kernel, "float32") * scale, self.compute_dtype)
+        outputs = ops.conv(inputs, kernel, strides=self.strides, padding=self.padding)
+        if self.use_bias:
+            outputs = outputs + ops.cast(self.bias, self.compute_dtype)
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        batch, height, width, _ = input_shape
+
+        def out(size):
+            if size is None:
+                return None
+            if self.padding == "same":
+                return -(-size // self.strides)
+            return (size - self.kernel_size) // self.strides + 1
+
+        return (batch, out(height), out(width), self.filters)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "filters": self.filters,
+                "kernel_size": self.kernel_size,
+                "strides": self.strides,
+                "padding": self.padding,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
+                "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
+            }
+        )
+        return config

@@ -1,0 +1,851 @@
+"""The hierarchical attentive VAE (Apostolopoulou et al., ICLR 2022)."""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_avae.distributions.bernoulli import bernoulli_log_prob
+from keras_avae.distributions.gaussian import DiagonalGaussian
+from keras_avae.evaluation import importance_sampled_log_likelihood
+from keras_avae.layers.depthwise_attend import DepthwiseAttend
+from keras_avae.layers.discretized_logistic_mixture import DiscretizedLogisticMixture
+from keras_avae.layers.non_local_block import NonLocalBlock
+from keras_avae.layers.residual_cell import ResidualCell
+from keras_avae.layers.weight_norm_conv2d import WeightNormConv2D
+
+NONLOCAL_PLACES = ("preprocess", "encoder", "decoder", "merge", "postprocess")
+LIKELIHOODS = ("logistic_mixture", "bernoulli")
+
+
+@keras.saving.register_keras_serializable(package="keras_avae")
+class LayerNormGelu(keras.layers.Layer):
+    """`x + GELU(LayerNorm(x))`, the normalisation of paper eq. 5-6.
+
+    LayerNorm statistics in float32; GELU is the tanh approximation (as the
+    reference's `tfa.activations.gelu`).
+
+    Args:
+        epsilon: LayerNorm epsilon. Defaults to `1e-5` (the reference's).
+        regularizer: regularizer for the LayerNorm's gamma and beta.
+        **kwargs: base layer arguments.
+
+    Example:
+
+    >>> import numpy as np
+    >>> tuple(LayerNormGelu()(np.ones((2, 4, 4, 3), "float32")).shape)
+    (2, 4, 4, 3)
+    """
+
+    def __init__(self, epsilon=1e-5, regularizer=None, **kwargs):
+        super().__init__(**kwargs)
+        self.epsilon = epsilon
+        self.regularizer = keras.regularizers.get(regularizer)
+        self.norm = keras.layers.LayerNormalization(
+            epsilon=epsilon,
+            gamma_regularizer=self.regularizer,
+            beta_regularizer=self.regularizer,
+            dtype=self.dtype_policy,
+            name="layer_norm",
+        )
+
+    def build(self, input_shape):
+        self.norm.build(input_shape)
+
+    def call(self, inputs):
+        return inputs + ops.gelu(self.norm(inputs), approximate=True)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"epsilon": self.epsilon, "regularizer": keras.regularizers.serialize(self.regularizer)})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_avae")
+class HierarchicalVAE(keras.Model):
+    """Deep attentive VAE: bidirectional inference over L stochastic layers.
+
+    "Deep Attentive Variational Inference" (Apostolopoulou, Char, Rosenfeld,
+    Dubrawski; ICLR 2022), built on NVAE (Vahdat & Kautz, 2020). A
+    deterministic bottom-up pass maps the image to features `e[L], ..., e[0]`
+    (all at the latent size). The top-down pass starts from a learned
+    constant and, at each layer, builds a prior `p(z_l | z_<l)` and a
+    posterior `q(z_l | x, z_<l)` (a residual correction of the prior, as in
+    NVAE), samples `z_l` from the posterior and passes it down. Three
+    switches reproduce the paper's ablation (Table 5):
+
+    - `generative_attention`: each layer's prior context also attends, per
+      pixel, over the contexts of all earlier layers (eq. 7-9).
+    - `inference_attention`: each layer's posterior attends over its own and
+      all deeper bottom-up features (eq. 10-11).
+    - `nonlocal_blocks`: spatial non-local blocks in the named parts of the
+      network (Sec. 2.6), exact softmax or FAVOR+ (`nonlocal_attention`).
+
+    With all three off the model is the NVAE-style baseline. Every attention
+    branch enters through a zero-initialised scalar gate, so at initialisation
+    the attentive model computes the same function as its baseline part.
+
+    Channel bookkeeping follows the reference implementation (so parameter
+    counts match the paper): posterior keys are the last
+    `inference_attention_dim` channels of every bottom-up feature; the
+    decoder output of a layer splits into `[context, key, query]`; the
+    inference query is the first channels of the context. Differences from
+    the reference, all deliberate: each context is normalised once, when it is
+    made (eq. 5 applied once, not re-normalised by every later layer), one L2
+    factor applies to every weight (the reference's `'l2'` strings silently
+    used 0.01), the discretized logistic pmf sums to 1
+    (`reference_edge_bug=False`), and attention logit scales are trained.
+
+    Args:
+        image_shape: `(H, W, C)` of the (padded) images; H and W divisible by
+            `2 ** num_scales`.
+        num_layers: L, the number of stochastic layers.
+        latent_channels: channels of each latent `z_l`.
+        num_scales: down-sampling stages before the hierarchy (each halves H
+            and W, doubles channels).
+        preprocess_filters: stem width.
+        decoder_filters: decoder width before down-sampling (the top-down
+            width is `decoder_filters * 2 ** num_scales`).
+        preprocess_cells: `"same"` residual cells before each down-sampling.
+        postprocess_cells: `"same"` residual cells after each up-sampling.
+        cells_per_layer: residual cells in every encoder and decoder cell.
+        generative_attention: bool, depth-wise attention in the prior.
+        inference_attention: bool, depth-wise attention in the posterior.
+        generative_attention_dim: query/key channels of the prior attention.
+        inference_attention_dim: query/key channels of the posterior
+            attention; divisible by `2 ** num_scales`.
+        generative_attention_layer_norm: bool, eq. 5-6 normalisation there.
+        inference_attention_layer_norm: bool, eq. 5-6 normalisation there.
+        nonlocal_blocks: parts holding non-local blocks, a subset of
+            `("preprocess", "encoder", "decoder", "merge", "postprocess")`.
+        nonlocal_key_dim: key channels of the non-local blocks.
+        nonlocal_attention: `"softmax"` or `"performer"` (FAVOR+).
+        nonlocal_num_random_features: FAVOR+ random features.
+        likelihood: `"logistic_mixture"` (images in [-1, 1]) or
+            `"bernoulli"` (binary images in {0, 1}).
+        num_mixtures: mixture components of the logistic mixture.
+        reference_edge_bug: reproduce the reference's DLM upper-edge bug.
+        crop: pixels on each side excluded from the likelihood (2 for 28x28
+            images padded to 32x32).
+        prior_log_scale_bounds: `(low, high)` for the prior's log sigma.
+        posterior_log_scale_bounds: `(low, high)` for the posterior's.
+        log_scale_noise: std of Gaussian noise added to the raw log sigmas
+            during training (CIFAR-10: 0.001); 0 disables.
+        l2: L2 factor on every weight (DESIGN §5: 1.5e-4); 0 disables.
+        bn_momentum: batch-norm momentum. Defaults to `0.9`.
+        bn_epsilon: batch-norm epsilon. Defaults to `1e-5`.
+        synchronized_batch_norm: synchronise batch-norm statistics across
+            replicas (TensorFlow `tf.distribute`).
+        seed: int or `None`, seeds latent sampling and random features.
+        **kwargs: `keras.Model` arguments (`name`, `dtype`).
+
+    Call arguments:
+        inputs: images `(B, H, W, C)`: in [-1, 1] on the 256-level grid for
+            `"logistic_mixture"`, in {0, 1} for `"bernoulli"`.
+        training: bool.
+
+    Returns:
+        A dict of per-example float32 tensors: `"nll"` (B,) the negative
+        log-likelihood of the image given the sampled latents, `"kl"` (B,) the
+        total KL, `"kl_per_layer"` (B, L). `compute_loss` turns them into the
+        negative ELBO `mean(nll) + kl_weight * mean(kl)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> model = HierarchicalVAE(image_shape=(8, 8, 1), num_layers=2,
+    ...     latent_channels=2, preprocess_filters=4, decoder_filters=4,
+    ...     generative_attention_dim=2, inference_attention_dim=2,
+    ...     nonlocal_blocks=("merge",), nonlocal_key_dim=2,
+    ...     likelihood="bernoulli", seed=1)
+    >>> x = (np.random.rand(4, 8, 8, 1) > 0.5).astype("float32")
+    >>> out = model(x)
+    >>> sorted(out), tuple(out["kl_per_layer"].shape)
+    (['kl', 'kl_per_layer', 'nll'], (4, 2))
+    """
+
+    def __init__(
+        self,
+        image_shape=(32, 32, 3),
+        num_layers=16,
+        latent_channels=20,
+        num_scales=1,
+        preprocess_filters=128,
+        decoder_filters=128,
+        preprocess_cells=1,
+        postprocess_cells=1,
+        cells_per_layer=2,
+        generative_attention=True,
+        inference_attention=True,
+        generative_attention_dim=20,
+        inference_attention_dim=20,
+        generative_attention_layer_norm=True,
+        inference_attention_layer_norm=True,
+        nonlocal_blocks=("preprocess", "encoder", "decoder"),
+        nonlocal_key_dim=32,
+        nonlocal_attention="softmax",
+        nonlocal_num_random_features=256,
+        likelihood="logistic_mixture",
+        num_mixtures=5,
+        reference_edge_bug=False,
+        crop=0,
+        prior_log_scale_bounds=(-5.0, 5.0),
+        posterior_log_scale_bounds=(-5.0, 5.0),
+        log_scale_noise=0.0,
+        l2=1.5e-4,
+        bn_momentum=0.9,
+        bn_epsilon=1e-5,
+        synchronized_batch_norm=False,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        image_shape = tuple(int(s) for s in image_shape)
+        nonlocal_blocks = tuple(nonlocal_blocks or ())
+        _validate(locals())
+        # === Config ===
+        self.image_shape = image_shape
+        self.num_layers = num_layers
+        self.latent_channels = latent_channels
+        self.num_scales = num_scales
+        self.preprocess_filters = preprocess_filters
+        self.decoder_filters = decoder_filters
+        self.preprocess_cells = preprocess_cells
+        self.postprocess_cells = postprocess_cells
+        self.cells_per_layer = cells_per_layer
+        self.generative_attention = generative_attention
+        self.inference_attention = inference_attention
+        self.generative_attention_dim = generative_attention_dim
+        self.inference_attention_dim = inference_attention_dim
+        self.generative_attention_layer_norm = generative_attention_layer_norm
+        self.inference_attention_layer_norm = inference_attention_layer_norm
+        self.nonlocal_blocks = nonlocal_blocks
+        self.nonlocal_key_dim = nonlocal_key_dim
+        self.nonlocal_attention = nonlocal_attention
+        self.nonlocal_num_random_features = nonlocal_num_random_features
+        self.likelihood = likelihood
+        self.num_mixtures = num_mixtures
+        self.reference_edge_bug = reference_edge_bug
+        self.crop = crop
+        self.prior_log_scale_bounds = tuple(float(b) for b in prior_log_scale_bounds)
+        self.posterior_log_scale_bounds = tuple(float(b) for b in posterior_log_scale_bounds)
+        self.log_scale_noise = log_scale_noise
+        self.l2 = l2
+        self.bn_momentum = bn_momentum
+        self.bn_epsilon = bn_epsilon
+        self.synchronized_batch_norm = synchronized_batch_norm
+        self.seed = seed
+
+        # === Channel bookkeeping (reference widths, see the class docstring) ===
+        scale = 2**num_scales
+        self._ik = inference_attention_dim if inference_attention else 0
+        self._gk = generative_attention_dim if (generative_attention and num_layers > 1) else 0
+        self._values = preprocess_filters * scale  # E: value channels of h_l
+        self._context = decoder_filters * scale + self._ik  # P: prior context
+        self._latent_size = (image_shape[0] // scale, image_shape[1] // scale)
+        self._regularizer = keras.regularizers.L2(l2) if l2 else None
+        self.seed_generator = keras.random.SeedGenerator(seed)
+
+        # === Layers ===
+        self._build_layers()
+        self.kl_weight = self.add_weight(
+            name="kl_weight", shape=(), initializer="ones", trainable=False, dtype="float32"
+        )
+        self._build_trackers()
+
+    # ------------------------------------------------------------------ #
+    # Layer construction
+    # ------------------------------------------------------------------ #
+    def _nl_key(self, place):
+        return self.nonlocal_key_dim if place in self.nonlocal_blocks else None
+
+    def _cell(self, scale, place, name):
+        return ResidualCell(
+            scale,
+            nonlocal_key_dim=self._nl_key(place),
+            nonlocal_attention=self.nonlocal_attention,
+            nonlocal_num_random_features=self.nonlocal_num_random_features,
+            bn_momentum=self.bn_momentum,
+            bn_epsilon=self.bn_epsilon,
+            synchronized_batch_norm=self.synchronized_batch_norm,
+            kernel_regularizer=self._regularizer,
+            seed=self.seed,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def _conv(self, filters, kernel_size, name, use_bias=True):
+        return WeightNormConv2D(
+            filters,
+            kernel_size,
+            use_bias=use_bias,
+            kernel_regularizer=self._regularizer,
+            bias_regularizer=self._regularizer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def _merge_nonlocal(self, name):
+        if "merge" not in self.nonlocal_blocks:
+            return None
+        return NonLocalBlock(
+            key_dim=self.nonlocal_key_dim,
+            attention=self.nonlocal_attention,
+            num_random_features=self.nonlocal_num_random_features,
+            kernel_regularizer=self._regularizer,
+            seed=self.seed,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def _gate(self, name):
+        return self.add_weight(name=name, shape=(), initializer="zeros", regularizer=self._regularizer)
+
+    def _attend(self, layer_norm, name, learnable_scale=True):
+        # Contexts are normalised once when they are made, so the attend
+        # layer only normalises its output (eq. 6).
+        return DepthwiseAttend(
+            learnable_scale=learnable_scale,
+            normalize_values=False,
+            normalize_output=layer_norm,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def _build_layers(self):
+        L, z = self.num_layers, self.latent_channels
+        E, P, ik, gk = self._values, self._context, self._ik, self._gk
+        gq = self.generative_attention_dim if (self.generative_attention and L > 1) else 0
+
+        # Pre-processing: stem, then per scale `preprocess_cells` cells and a
+        # down-sampling cell. The stem carries ik / 2**num_scales extra
+        # channels that become the posterior keys.
+        self.stem = self._conv(self.preprocess_filters + ik // 2**self.num_scales, 3, "stem")
+        self.preprocess = []
+        for s in range(self.num_scales):
+            for c in range(self.preprocess_cells):
+                self.preprocess.append(self._cell("same", "preprocess", f"preprocess_{s}_{c}"))
+            self.preprocess.append(self._cell("down", "preprocess", f"preprocess_{s}_down"))
+
+        # Bottom-up: one encoder cell per stochastic layer.
+        # (Flat lists: `.keras` saving walks one level of containers.)
+        self.encoder_cells = [
+            self._cell("same", "encoder", f"encoder_{j}_{c}") for j in range(L) for c in range(self.cells_per_layer)
+        ]
+
+        # Top-down layer 0: a learned constant and a 2-conv posterior head.
+        top_channels = P + gk
+        self.top_constant = self.add_weight(
+            name="top_constant",
+            shape=(1, *self._latent_size, top_channels),
+            initializer=keras.initializers.VarianceScaling(0.33, "fan_in", "uniform"),
+            regularizer=self._regularizer,
+        )
+        self.top_posterior = [self._conv(E + ik, 1, "top_posterior_0"), self._conv(2 * z, 3, "top_posterior_1")]
+
+        # Layers 1..L-1.
+        self.merge_decoder, self.merge_decoder_nonlocal, self.decoder_cells = [None], [None], []
+        self.prior_heads, self.merge_encoder_h, self.merge_encoder_p = [None], [None], [None]
+        self.merge_encoder_nonlocal, self.posterior_heads = [None], [None]
+        self.context_norms, self.generative_attends, self.generative_gates = [None], [None], [None]
+        for i in range(1, L):
+            last = i == L - 1
+            width = P + gq + (0 if last else gk)
+            self.merge_decoder.append(self._conv(width, 1, f"merge_decoder_{i}"))
+            self.merge_decoder_nonlocal.append(self._merge_nonlocal(f"merge_decoder_nonlocal_{i}"))
+            self.decoder_cells.extend(
+                self._cell("same", "decoder", f"decoder_{i}_{c}") for c in range(self.cells_per_layer)
+            )
+            self.prior_heads.append(self._conv(2 * z, 1, f"prior_{i}"))
+            merged = E + ik
+            self.merge_encoder_h.append(self._conv(merged, 1, f"merge_encoder_h_{i}") if ik else None)
+            self.merge_encoder_p.append(self._conv(merged, 1, f"merge_encoder_p_{i}"))
+            self.merge_encoder_nonlocal.append(self._merge_nonlocal(f"merge_encoder_nonlocal_{i}"))
+            self.posterior_heads.append(self._conv(2 * z, 3, f"posterior_{i}"))
+            if gk or gq:
+                norm = self.generative_attention_layer_norm
+                self.context_norms.append(
+                    LayerNormGelu(regularizer=self._regularizer, dtype=self.dtype_policy, name=f"context_norm_{i}")
+                    if norm
+                    else None
+                )
+                # Layer 1 attends over the top constant alone: its logit
+                # scale cannot matter, so it is not a weight.
+                self.generative_attends.append(self._attend(norm, f"generative_attend_{i}", learnable_scale=i > 1))
+                self.generative_gates.append(self._gate(f"generative_gate_{i}"))
+            else:
+                self.context_norms.append(None)
+                self.generative_attends.append(None)
+                self.generative_gates.append(None)
+
+        # Inference attention, every layer including the top one.
+        self.inference_attends, self.inference_norms, self.inference_gates = [], [], []
+        if ik:
+            for i in range(L):
+                norm = self.inference_attention_layer_norm
+                self.inference_attends.append(self._attend(norm, f"inference_attend_{i}"))
+                self.inference_norms.append(
+                    LayerNormGelu(regularizer=self._regularizer, dtype=self.dtype_policy, name=f"inference_norm_{i}")
+                    if norm
+                    else None
+                )
+                self.inference_gates.append(self._gate(f"inference_gate_{i}"))
+
+        # Output: merge the last context with z, post-process, data head.
+        self.merge_output = self._conv(P, 1, "merge_output")
+        self.merge_output_nonlocal = self._merge_nonlocal("merge_output_nonlocal")
+        self.postprocess = []
+        for s in range(self.num_scales):
+            self.postprocess.append(self._cell("up", "postprocess", f"postprocess_{s}_up"))
+            for c in range(self.postprocess_cells):
+                self.postprocess.append(self._cell("same", "postprocess", f"postprocess_{s}_{c}"))
+        channels = self.image_shape[-1]
+        if self.likelihood == "bernoulli":
+            self.data_head = self._conv(channels, 3, "data_head")
+        else:
+            self.data_head = DiscretizedLogisticMixture(
+                num_mixtures=self.num_mixtures,
+                num_channels=channels,
+                kernel_size=3,
+                reference_edge_bug=self.reference_edge_bug,
+                kernel_regularizer=self._regularizer,
+                bias_regularizer=self._regularizer,
+                dtype=self.dtype_policy,
+                name="data_head",
+            )
+
+    def _build_trackers(self):
+        self.nelbo_tracker = keras.metrics.Mean(name="nelbo")
+        self.reconstruction_tracker = keras.metrics.Mean(name="reconstruction")
+        self.kl_tracker = keras.metrics.Mean(name="kl")
+        self.bits_per_dim_tracker = keras.metrics.Mean(name="bits_per_dim")
+        self.layer_kl_trackers = [keras.metrics.Mean(name=f"kl_{i}") for i in range(self.num_layers)]
+
+    def build(self, input_shape=None):
+        # Running a zero batch builds every sublayer with its real shape.
+        if self.built:
+            return
+        self.call(ops.zeros((1, *self.image_shape), self.compute_dtype), training=False)
+        self.built = True
+
+    # ------------------------------------------------------------------ #
+    # Forward passes
+    # ------------------------------------------------------------------ #
+    @property
+    def num_data_dims(self):
+        """Dimensions D of the modelled image (for bits/dim)."""
+        h, w, c = self.image_shape
+        return (h - 2 * self.crop) * (w - 2 * self.crop) * c
+
+    def _encoder_input(self, x):
+        x = ops.cast(x, self.compute_dtype)
+        return 2.0 * x - 1.0 if self.likelihood == "bernoulli" else x
+
+    def bottom_up(self, x, training=None):
+        """Deterministic features `[e_0, ..., e_L]` (e_L: the pre-processed image)."""
+        e = self.stem(self._encoder_input(x))
+        for cell in self.preprocess:
+            e = cell(e, training=training)
+        features = [e]
+        for j in reversed(range(self.num_layers)):
+            for cell in self._cells_of(self.encoder_cells, j):
+                e = cell(e, training=training)
+            features.append(e)
+        return features[::-1]
+
+    def _noisy(self, raw_log_scale, training):
+        if training and self.log_scale_noise > 0:
+            raw_log_scale = raw_log_scale + self.log_scale_noise * keras.random.normal(
+                ops.shape(raw_log_scale), dtype=raw_log_scale.dtype, seed=self.seed_generator
+            )
+        return raw_log_scale
+
+    def _split_params(self, params):
+        params = ops.cast(params, "float32")
+        z = self.latent_channels
+        return params[..., :z], params[..., z:]
+
+    def _inference_condition(self, i, merged, query, features, training):
+        """Posterior condition of layer i (eq. 10-11), or `merged` without attention."""
+        if not self._ik:
+            return merged
+        E = self._values
+        cond, key = merged[..., :E], merged[..., E:]
+        values = [cond] + [f[..., :E] for f in features[i + 1 :]]
+        keys = [key] + [f[..., E:] for f in features[i + 1 :]]
+        attended = self.inference_attends[i](query, keys, values)
+        if self.inference_norms[i] is not None:
+            cond = self.inference_norms[i](cond)
+        gate = ops.cast(self.inference_gates[i], self.compute_dtype)
+        return ops.concatenate([cond + gate * attended, key], axis=-1)
+
+    def top_down(
+        self,
+        features=None,
+        batch_size=None,
+        training=None,
+        temperature=1.0,
+        return_log_probs=False,
+        return_latents=False,
+    ):
+        """The top-down pass.
+
+        With `features` (from `bottom_up`) it samples every `z_l` from the
+        posterior and returns the KLs; without, it samples from the prior (at
+        `temperature`) for `batch_size` images.
+
+        Returns:
+            A dict: `"decoded"` (the features fed to the data head),
+            `"kl_per_layer"` (B, L) when `features` is given, with
+            `return_log_probs` `"log_prior"`/`"log_posterior"` (B,) of the
+            sampled latents, and with `return_latents` `"latents"` (the L
+            samples) and `"posterior_means"` (with `features`).
+        """
+        L, P, ik = self.num_layers, self._context, self._ik
+        posterior = features is not None
+        if posterior:
+            batch_size = ops.shape(features[0])[0]
+        kls, log_p, log_q = [], 0.0, 0.0
+        dtype = self.compute_dtype
+
+        top = ops.cast(self.top_constant, dtype)
+        top = ops.tile(top, (batch_size, 1, 1, 1))
+        context_values, context_keys = [top[..., :P]], [top[..., P:]]
+        latent_shape = (batch_size, *self._latent_size, self.latent_channels)
+        prior = DiagonalGaussian.standard(latent_shape)
+
+        z = None
+        latents, means = [], []
+        for i in range(L):
+            if i == 0:
+                condition = top[..., :P]
+                query = top[..., :ik]
+                prior_raw = None
+            else:
+                condition, query, prior_raw, prior = self._prior_step(
+                    i, context_values, context_keys, z, training
+                )
+            if posterior:
+                q = self._posterior_step(i, condition, query, prior_raw, features, training)
+                z = q.sample(seed=self.seed_generator)
+                kls.append(q.kl_divergence(prior))
+                means.append(q.loc)
+                if return_log_probs:
+                    log_q = log_q + q.log_prob(z)
+                    log_p = log_p + prior.log_prob(z)
+            else:
+                z = prior.sample(seed=self.seed_generator, temperature=temperature)
+            latents.append(z)
+            z = ops.cast(z, dtype)
+
+        decoded = self.merge_output(ops.concatenate([context_values[-1], z], axis=-1))
+        if self.merge_output_nonlocal is not None:
+            decoded = self.merge_output_nonlocal(decoded, training=training)
+        for cell in self.postprocess:
+            decoded = cell(decoded, training=training)
+        result = {"decoded": decoded}
+        if return_latents:
+            result["latents"] = latents
+            if posterior:
+                result["posterior_means"] = means
+        if posterior:
+            result["kl_per_layer"] = ops.stack(kls, axis=-1)
+            if return_log_probs:
+                result["log_prior"], result["log_posterior"] = log_p, log_q
+        return result
+
+    def _prior_step(self, i, context_values, context_keys, z, training):
+        """Layer i >= 1: new context, prior condition (eq. 7-9) and prior."""
+        P, gk, ik = self._context, self._gk, self._ik
+        last = i == self.num_layers - 1
+        x = self.merge_decoder[i](ops.concatenate([context_values[-1], z], axis=-1))
+        if self.merge_decoder_nonlocal[i] is not None:
+            x = self.merge_decoder_nonlocal[i](x, training=training)
+        for cell in self._cells_of(self.decoder_cells, i - 1):
+            x = cell(x, training=training)
+        context = x[..., :P]
+        inference_query = context[..., :ik]
+        if self.generative_attends[i] is not None:
+            key = None if last else x[..., P : P + gk]
+            query = x[..., P + (0 if last else gk) :]
+            if self.context_norms[i] is not None:
+                context = self.context_norms[i](context)
+            attended = self.generative_attends[i](query, list(context_keys), list(context_values))
+            condition = context + ops.cast(self.generative_gates[i], self.compute_dtype) * attended
+            context_values.append(context)
+            if key is not None:
+                context_keys.append(key)
+        else:
+            condition = context
+            context_values.append(context)
+        # Earlier contexts are only needed by attention; keep the list short
+        # otherwise (the merge reads the last one).
+        if self.generative_attends[i] is None:
+            del context_values[:-1]
+        raw_loc, raw_log_scale = self._split_params(self.prior_heads[i](ops.elu(condition)))
+        raw_log_scale = self._noisy(raw_log_scale, training)
+        prior = DiagonalGaussian.from_raw(raw_loc, raw_log_scale, self.prior_log_scale_bounds)
+        return condition, inference_query, (raw_loc, raw_log_scale), prior
+
+    def _posterior_step(self, i, condition, query, prior_raw, features, training):
+        """Posterior of layer i: merge with h_i, attention (eq. 11), residual head."""
+        E, ik = self._values, self._ik
+        h = features[i]
+        if i == 0:
+            x = self._inference_condition(0, h, query, features, training)
+            x = self.top_posterior[0](ops.elu(x))
+            raw_loc, raw_log_scale = self._split_params(self.top_posterior[1](ops.elu(x)))
+        else:
+            merged = self.merge_encoder_p[i](condition)
+            merged = merged + (self.merge_encoder_h[i](h[..., :E]) if ik else h)
+            if self.merge_encoder_nonlocal[i] is not None:
+                merged = self.merge_encoder_nonlocal[i](merged, training=training)
+            x = self._inference_condition(i, merged, query, features, training)
+            delta_loc, delta_log_scale = self._split_params(self.posterior_heads[i](x))
+            prior_loc, prior_log_scale = prior_raw
+            raw_loc = prior_loc + delta_loc
+            raw_log_scale = prior_log_scale + delta_log_scale
+        raw_log_scale = self._noisy(raw_log_scale, training)
+        return DiagonalGaussian.from_raw(raw_loc, raw_log_scale, self.posterior_log_scale_bounds)
+
+    def _cells_of(self, cells, index):
+        n = self.cells_per_layer
+        return cells[index * n : (index + 1) * n]
+
+    def data_distribution_params(self, decoded):
+        """Bernoulli logits, or the `DiscretizedLogisticMixtureDistribution`."""
+        return self.data_head(ops.elu(decoded))
+
+    def _log_likelihood(self, data_params, x):
+        if self.likelihood == "bernoulli":
+            return bernoulli_log_prob(data_params, x, crop=self.crop)
+        return data_params.log_prob(x)
+
+    def call(self, inputs, training=None):
+        features = self.bottom_up(inputs, training=training)
+        result = self.top_down(features, training=training)
+        params = self.data_distribution_params(result["decoded"])
+        nll = -self._log_likelihood(params, inputs)
+        kl_per_layer = result["kl_per_layer"]
+        return {"nll": nll, "kl": ops.sum(kl_per_layer, axis=-1), "kl_per_layer": kl_per_layer}
+
+    # ------------------------------------------------------------------ #
+    # What users call: encode, reconstruct, sample, score
+    # ------------------------------------------------------------------ #
+    def _check_images(self, x):
+        x = ops.convert_to_tensor(x)
+        if tuple(x.shape[1:]) != self.image_shape:
+            raise ValueError(
+                f"Expected images of shape (batch, {', '.join(map(str, self.image_shape))}). "
+                f"Received: x.shape={tuple(x.shape)}"
+            )
+        low, high = (0.0, 1.0) if self.likelihood == "bernoulli" else (-1.0, 1.0)
+        x_min, x_max = float(ops.min(x)), float(ops.max(x))
+        if x_min < low or x_max > high:
+            raise ValueError(
+                f"Expected pixel values in [{low}, {high}] for likelihood={self.likelihood!r}. "
+                f"Received: x with values in [{x_min}, {x_max}]"
+            )
+        return x
+
+    def _data_mean_or_sample(self, decoded, mode):
+        if mode not in ("mean", "sample"):
+            raise ValueError(f"`mode` must be 'mean' or 'sample'. Received: mode={mode!r}")
+        params = self.data_distribution_params(decoded)
+        if self.likelihood == "bernoulli":
+            probs = ops.sigmoid(ops.cast(params, "float32"))
+            if mode == "mean":
+                return probs
+            uniform = keras.random.uniform(ops.shape(probs), seed=self.seed_generator)
+            return ops.cast(uniform < probs, "float32")
+        return params.mean() if mode == "mean" else params.sample(seed=self.seed_generator)
+
+    def encode(self, x, sample=False):
+        """The posterior latents of images `x`.
+
+        Args:
+            x: images (see the call arguments).
+            sample: return posterior samples instead of posterior means.
+
+        Returns:
+            A list of L tensors `(B, h, w, latent_channels)`, top layer first.
+        """
+        x = self._check_images(x)
+        result = self.top_down(self.bottom_up(x, training=False), training=False, return_latents=True)
+        return result["latents"] if sample else result["posterior_means"]
+
+    def reconstruct(self, x, mode="mean"):
+        """Decodes a posterior sample of each image: the mean (or a sample) of p(x|z)."""
+        x = self._check_images(x)
+        result = self.top_down(self.bottom_up(x, training=False), training=False)
+        return self._data_mean_or_sample(result["decoded"], mode)
+
+    def sample(self, num_samples, temperature=1.0, mode="mean"):
+        """Draws images from the prior.
+
+        Args:
+            num_samples: int, the number of images.
+            temperature: scale of the latent noise (1.0: the model's prior).
+            mode: `"mean"` returns the mean of p(x|z) (Bernoulli
+                probabilities, or the mixture mean in [-1, 1]); `"sample"`
+                samples the pixels too.
+
+        Returns:
+            `(num_samples, H, W, C)` float32 images.
+        """
+        if not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"`num_samples` must be a positive int. Received: num_samples={num_samples!r}")
+        if not temperature > 0:
+            raise ValueError(f"`temperature` must be positive. Received: temperature={temperature!r}")
+        result = self.top_down(batch_size=num_samples, training=False, temperature=temperature)
+        return self._data_mean_or_sample(result["decoded"], mode)
+
+    def log_weights(self, x, features, num_samples):
+        """Importance log-weights `log p(x|z) + log p(z) - log q(z|x)`, `(B, num_samples)`.
+
+        `features` is `bottom_up(x)`: the deterministic pass is computed once
+        per image and shared by all samples.
+        """
+        batch = ops.shape(x)[0]
+        tiled = [ops.repeat(f, num_samples, axis=0) for f in features]
+        result = self.top_down(tiled, training=False, return_log_probs=True)
+        params = self.data_distribution_params(result["decoded"])
+        log_px = self._log_likelihood(params, ops.repeat(x, num_samples, axis=0))
+        log_w = log_px + result["log_prior"] - result["log_posterior"]
+        return ops.reshape(log_w, (batch, num_samples))
+
+    def log_likelihood(self, x, num_samples=100, chunk_size=None):
+        """Importance-sampled marginal log-likelihood `log p(x)` in nats, `(B,)`.
+
+        See `keras_avae.evaluation.importance_sampled_log_likelihood`.
+        """
+        x = self._check_images(x)
+        return importance_sampled_log_likelihood(self, x, num_samples=num_samples, chunk_size=chunk_size)
+
+    # ------------------------------------------------------------------ #
+    # Training
+    # ------------------------------------------------------------------ #
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        nll = ops.mean(y_pred["nll"])
+        kl = ops.mean(y_pred["kl"])
+        loss = nll + ops.cast(self.kl_weight, "float32") * kl
+        if self.losses:
+            loss = loss + ops.cast(ops.sum(ops.stack([ops.cast(l, "float32") for l in self.losses])), "float32")
+        nelbo = nll + kl
+        self.nelbo_tracker.update_state(nelbo)
+        self.reconstruction_tracker.update_state(nll)
+        self.kl_tracker.update_state(kl)
+        self.bits_per_dim_tracker.update_state(nelbo / (self.num_data_dims * math.log(2.0)))
+        layer_kl = ops.mean(y_pred["kl_per_layer"], axis=0)
+        for i, tracker in enumerate(self.layer_kl_trackers):
+            tracker.update_state(layer_kl[i])
+        return loss
+
+    @property
+    def metrics(self):
+        return [
+            self.nelbo_tracker,
+            self.reconstruction_tracker,
+            self.kl_tracker,
+            self.bits_per_dim_tracker,
+            *self.layer_kl_trackers,
+        ]
+
+    # === Config ===
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "image_shape": self.image_shape,
+                "num_layers": self.num_layers,
+                "latent_channels": self.latent_channels,
+                "num_scales": self.num_scales,
+                "preprocess_filters": self.preprocess_filters,
+                "decoder_filters": self.decoder_filters,
+                "preprocess_cells": self.preprocess_cells,
+                "postprocess_cells": self.postprocess_cells,
+                "cells_per_layer": self.cells_per_layer,
+                "generative_attention": self.generative_attention,
+                "inference_attention": self.inference_attention,
+                "generative_attention_dim": self.generative_attention_dim,
+                "inference_attention_dim": self.inference_attention_dim,
+                "generative_attention_layer_norm": self.generative_attention_layer_norm,
+                "inference_attention_layer_norm": self.inference_attention_layer_norm,
+                "nonlocal_blocks": self.nonlocal_blocks,
+                "nonlocal_key_dim": self.nonlocal_key_dim,
+                "nonlocal_attention": self.nonlocal_attention,
+                "nonlocal_num_random_features": self.nonlocal_num_random_features,
+                "likelihood": self.likelihood,
+                "num_mixtures": self.num_mixtures,
+                "reference_edge_bug": self.reference_edge_bug,
+                "crop": self.crop,
+                "prior_log_scale_bounds": self.prior_log_scale_bounds,
+                "posterior_log_scale_bounds": self.posterior_log_scale_bounds,
+                "log_scale_noise": self.log_scale_noise,
+                "l2": self.l2,
+                "bn_momentum": self.bn_momentum,
+                "bn_epsilon": self.bn_epsilon,
+                "synchronized_batch_norm": self.synchronized_batch_norm,
+                "seed": self.seed,
+            }
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+def _validate(args):
+    def positive_int(name):
+        value = args[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
+
+    for name in (
+        "num_layers",
+        "latent_channels",
+        "num_scales",
+        "preprocess_filters",
+        "decoder_filters",
+        "cells_per_layer",
+        "generative_attention_dim",
+        "inference_attention_dim",
+        "nonlocal_key_dim",
+        "num_mixtures",
+    ):
+        positive_int(name)
+    image_shape = args["image_shape"]
+    scale = 2 ** args["num_scales"]
+    if len(image_shape) != 3 or image_shape[0] % scale or image_shape[1] % scale:
+        raise ValueError(
+            f"`image_shape` must be (H, W, C) with H and W divisible by 2**num_scales={scale}. "
+            f"Received: image_shape={image_shape}"
+        )
+    if args["inference_attention"] and args["inference_attention_dim"] % scale:
+        raise ValueError(
+            f"`inference_attention_dim` must be divisible by 2**num_scales={scale}. "
+            f"Received: inference_attention_dim={args['inference_attention_dim']}"
+        )
+    unknown = set(args["nonlocal_blocks"]) - set(NONLOCAL_PLACES)
+    if unknown:
+        raise ValueError(
+            f"`nonlocal_blocks` entries must be in {NONLOCAL_PLACES}. Received: nonlocal_blocks={args['nonlocal_blocks']}"
+        )
+    if args["likelihood"] not in LIKELIHOODS:
+        raise ValueError(f"`likelihood` must be one of {LIKELIHOODS}. Received: likelihood={args['likelihood']!r}")
+    if args["nonlocal_attention"] not in ("softmax", "performer"):
+        raise ValueError(
+            "`nonlocal_attention` must be 'softmax' or 'performer'. "
+            f"Received: nonlocal_attention={args['nonlocal_attention']!r}"
+        )
+    for name in ("prior_log_scale_bounds", "posterior_log_scale_bounds"):
+        low, high = args[name]
+        if not low < high:
+            raise ValueError(f"`{name}` must be (low, high) with low < high. Received: {name}={args[name]}")
+    crop = args["crop"]
+    if not isinstance(crop, int) or crop < 0 or 2 * crop >= min(image_shape[:2]):
+        raise ValueError(f"`crop` must be a non-negative int smaller than half the image. Received: crop={crop!r}")

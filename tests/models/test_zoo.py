@@ -1,0 +1,86 @@
+"""The model zoo: entries, overrides, errors, and fidelity to the paper."""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+import keras_avae
+from keras_avae import zoo
+
+REPO_ZOO = pathlib.Path(__file__).resolve().parents[2] / "zoo"
+REQUIRED = {
+    "mnist-attentive",
+    "omniglot-attentive",
+    "cifar10-attentive",
+    "mnist-baseline",
+    "omniglot-baseline",
+    "cifar10-baseline",
+    "cifar10-performer",
+}
+
+
+def trainable_count(model):
+    return sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+
+
+def test_entries_are_readable_data_files():
+    assert REQUIRED <= set(zoo.names())
+    for path in REPO_ZOO.glob("*.json"):
+        entry = json.loads(path.read_text())
+        assert entry["name"] == path.stem
+        assert entry["description"] and entry["config"] and entry["training"]
+
+
+def test_baselines_switch_every_attention_off():
+    for name in ("mnist-baseline", "omniglot-baseline", "cifar10-baseline"):
+        cfg = zoo.describe(name)["config"]
+        assert not cfg["generative_attention"] and not cfg["inference_attention"]
+        assert cfg["nonlocal_blocks"] == []
+    assert zoo.describe("cifar10-performer")["config"]["nonlocal_attention"] == "performer"
+
+
+def test_unknown_name_and_override_list_the_valid_ones():
+    with pytest.raises(ValueError, match="cifar10-attentive") as info:
+        zoo.load("cifar100-attentive")
+    assert "cifar100-attentive" in str(info.value)
+    with pytest.raises(ValueError, match="num_layers") as info:
+        zoo.load("mnist-attentive", num_layer=8)
+    assert "num_layer" in str(info.value)
+
+
+def test_load_with_overrides_builds_an_ordinary_keras_model(tmp_path):
+    model = zoo.load("omniglot-attentive", num_layers=2, preprocess_filters=4, decoder_filters=4, seed=3)
+    assert model.num_layers == 2 and model.built
+    model.summary(print_fn=lambda *a, **k: None)
+    path = tmp_path / "w.weights.h5"
+    model.save_weights(str(path))
+    again = zoo.load("omniglot-attentive", weights=str(path), num_layers=2, preprocess_filters=4, decoder_filters=4)
+    for a, b in zip(model.weights, again.weights):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_bad_weights_files_raise_clear_errors(tmp_path):
+    small = dict(num_layers=2, preprocess_filters=4, decoder_filters=4)
+    with pytest.raises(ValueError, match="not found"):
+        zoo.load("mnist-baseline", weights=str(tmp_path / "missing.weights.h5"), **small)
+    corrupt = tmp_path / "corrupt.weights.h5"
+    corrupt.write_bytes(b"this is not an HDF5 file")
+    with pytest.raises(ValueError, match="corrupt"):
+        zoo.load("mnist-baseline", weights=str(corrupt), **small)
+
+
+# Published trainable parameter counts (paper Table 5; OMNIGLOT Sec. 3.1).
+PUBLISHED = [
+    ("cifar10-attentive", 118.966e6, 0.02),
+    ("cifar10-baseline", 79.206e6, 0.02),
+    ("omniglot-attentive", 7.87e6, 0.03),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,published,tolerance", PUBLISHED)
+def test_full_size_parameter_counts_match_the_paper(name, published, tolerance):
+    count = trainable_count(keras_avae.zoo.load(name))
+    assert abs(count - published) / published < tolerance, (name, count, published)
