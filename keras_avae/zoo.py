@@ -21,9 +21,10 @@ import functools
 import json
 import pathlib
 
+from keras_avae.models.discrete_vae import DiscreteVAE
 from keras_avae.models.hierarchical_vae import HierarchicalVAE
 
-_FAMILIES = {"hierarchical_vae": HierarchicalVAE}
+_FAMILIES = {"hierarchical_vae": HierarchicalVAE, "discrete_vae": DiscreteVAE}
 
 
 def _entry_dir():

@@ -1,13 +1,11 @@
 """The hierarchical attentive VAE (Apostolopoulou et al., ICLR 2022)."""
 
-import math
-
 import keras
 from keras import ops
 
 from keras_avae.distributions.bernoulli import bernoulli_log_prob
 from keras_avae.distributions.gaussian import DiagonalGaussian
-from keras_avae.evaluation import importance_sampled_log_likelihood
+from keras_avae.models.elbo_model import ELBOModel
 from keras_avae.layers.depthwise_attend import DepthwiseAttend
 from keras_avae.layers.discretized_logistic_mixture import DiscretizedLogisticMixture
 from keras_avae.layers.non_local_block import NonLocalBlock
@@ -65,7 +63,7 @@ class LayerNormGelu(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_avae")
-class HierarchicalVAE(keras.Model):
+class HierarchicalVAE(ELBOModel):
     """Deep attentive VAE: bidirectional inference over L stochastic layers.
 
     "Deep Attentive Variational Inference" (Apostolopoulou, Char, Rosenfeld,
@@ -251,10 +249,7 @@ class HierarchicalVAE(keras.Model):
 
         # === Layers ===
         self._build_layers()
-        self.kl_weight = self.add_weight(
-            name="kl_weight", shape=(), initializer="ones", trainable=False, dtype="float32"
-        )
-        self._build_trackers()
+        self._build_elbo_state(num_layers)
 
     # ------------------------------------------------------------------ #
     # Layer construction
@@ -417,13 +412,6 @@ class HierarchicalVAE(keras.Model):
                 name="data_head",
             )
 
-    def _build_trackers(self):
-        self.nelbo_tracker = keras.metrics.Mean(name="nelbo")
-        self.reconstruction_tracker = keras.metrics.Mean(name="reconstruction")
-        self.kl_tracker = keras.metrics.Mean(name="kl")
-        self.bits_per_dim_tracker = keras.metrics.Mean(name="bits_per_dim")
-        self.layer_kl_trackers = [keras.metrics.Mean(name=f"kl_{i}") for i in range(self.num_layers)]
-
     def build(self, input_shape=None):
         # Running a zero batch builds every sublayer with its real shape.
         if self.built:
@@ -434,12 +422,6 @@ class HierarchicalVAE(keras.Model):
     # ------------------------------------------------------------------ #
     # Forward passes
     # ------------------------------------------------------------------ #
-    @property
-    def num_data_dims(self):
-        """Dimensions D of the modelled image (for bits/dim)."""
-        h, w, c = self.image_shape
-        return (h - 2 * self.crop) * (w - 2 * self.crop) * c
-
     def _encoder_input(self, x):
         x = ops.cast(x, self.compute_dtype)
         return 2.0 * x - 1.0 if self.likelihood == "bernoulli" else x
@@ -635,21 +617,9 @@ class HierarchicalVAE(keras.Model):
     # ------------------------------------------------------------------ #
     # What users call: encode, reconstruct, sample, score
     # ------------------------------------------------------------------ #
-    def _check_images(self, x):
-        x = ops.convert_to_tensor(x)
-        if tuple(x.shape[1:]) != self.image_shape:
-            raise ValueError(
-                f"Expected images of shape (batch, {', '.join(map(str, self.image_shape))}). "
-                f"Received: x.shape={tuple(x.shape)}"
-            )
-        low, high = (0.0, 1.0) if self.likelihood == "bernoulli" else (-1.0, 1.0)
-        x_min, x_max = float(ops.min(x)), float(ops.max(x))
-        if x_min < low or x_max > high:
-            raise ValueError(
-                f"Expected pixel values in [{low}, {high}] for likelihood={self.likelihood!r}. "
-                f"Received: x with values in [{x_min}, {x_max}]"
-            )
-        return x
+    @property
+    def pixel_range(self):
+        return (0.0, 1.0) if self.likelihood == "bernoulli" else (-1.0, 1.0)
 
     def _data_mean_or_sample(self, decoded, mode):
         if mode not in ("mean", "sample"):
@@ -716,43 +686,6 @@ class HierarchicalVAE(keras.Model):
         log_px = self._log_likelihood(params, ops.repeat(x, num_samples, axis=0))
         log_w = log_px + result["log_prior"] - result["log_posterior"]
         return ops.reshape(log_w, (batch, num_samples))
-
-    def log_likelihood(self, x, num_samples=100, chunk_size=None):
-        """Importance-sampled marginal log-likelihood `log p(x)` in nats, `(B,)`.
-
-        See `keras_avae.evaluation.importance_sampled_log_likelihood`.
-        """
-        x = self._check_images(x)
-        return importance_sampled_log_likelihood(self, x, num_samples=num_samples, chunk_size=chunk_size)
-
-    # ------------------------------------------------------------------ #
-    # Training
-    # ------------------------------------------------------------------ #
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        nll = ops.mean(y_pred["nll"])
-        kl = ops.mean(y_pred["kl"])
-        loss = nll + ops.cast(self.kl_weight, "float32") * kl
-        if self.losses:
-            loss = loss + ops.cast(ops.sum(ops.stack([ops.cast(l, "float32") for l in self.losses])), "float32")
-        nelbo = nll + kl
-        self.nelbo_tracker.update_state(nelbo)
-        self.reconstruction_tracker.update_state(nll)
-        self.kl_tracker.update_state(kl)
-        self.bits_per_dim_tracker.update_state(nelbo / (self.num_data_dims * math.log(2.0)))
-        layer_kl = ops.mean(y_pred["kl_per_layer"], axis=0)
-        for i, tracker in enumerate(self.layer_kl_trackers):
-            tracker.update_state(layer_kl[i])
-        return loss
-
-    @property
-    def metrics(self):
-        return [
-            self.nelbo_tracker,
-            self.reconstruction_tracker,
-            self.kl_tracker,
-            self.bits_per_dim_tracker,
-            *self.layer_kl_trackers,
-        ]
 
     # === Config ===
     def get_config(self):

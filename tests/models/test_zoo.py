@@ -18,6 +18,7 @@ REQUIRED = {
     "omniglot-baseline",
     "cifar10-baseline",
     "cifar10-performer",
+    "mnist-gumbel",
 }
 
 

@@ -1,0 +1,96 @@
+"""What every keras-avae VAE shares: the negative-ELBO loss and its metrics."""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_avae.evaluation import importance_sampled_log_likelihood
+
+
+class ELBOModel(keras.Model):
+    """Base class: `call` returns per-example `nll`, `kl` and `kl_per_layer`.
+
+    `compute_loss` forms the training loss `mean(nll) + kl_weight * mean(kl)`
+    (plus the weights' regularisation) and tracks the negative ELBO, its two
+    terms, bits per dimension and the KL of every latent group (so posterior
+    collapse is visible in the logs). `kl_weight` is a non-trainable variable,
+    so a callback can anneal it (KL warm-up). Loss terms leave `call` as
+    outputs, so `fit` works on every backend without a custom `train_step`.
+
+    Subclasses call `_build_elbo_state(num_kl_terms)`, set `image_shape`
+    and `crop`, and override `pixel_range` when their inputs are not in
+    [0, 1].
+    """
+
+    def _build_elbo_state(self, num_kl_terms):
+        self.kl_weight = self.add_weight(
+            name="kl_weight", shape=(), initializer="ones", trainable=False, dtype="float32"
+        )
+        self.nelbo_tracker = keras.metrics.Mean(name="nelbo")
+        self.reconstruction_tracker = keras.metrics.Mean(name="reconstruction")
+        self.kl_tracker = keras.metrics.Mean(name="kl")
+        self.bits_per_dim_tracker = keras.metrics.Mean(name="bits_per_dim")
+        self.layer_kl_trackers = [keras.metrics.Mean(name=f"kl_{i}") for i in range(num_kl_terms)]
+
+    @property
+    def num_data_dims(self):
+        """Dimensions D of the modelled image (for bits/dim)."""
+        h, w, c = self.image_shape
+        return (h - 2 * self.crop) * (w - 2 * self.crop) * c
+
+    @property
+    def pixel_range(self):
+        """`(low, high)` of the pixel values the model takes."""
+        return (0.0, 1.0)
+
+    def _check_images(self, x):
+        """Eager check of user input: shape and pixel range, named in the error."""
+        x = ops.convert_to_tensor(x)
+        if tuple(x.shape[1:]) != self.image_shape:
+            raise ValueError(
+                f"Expected images of shape (batch, {', '.join(map(str, self.image_shape))}). "
+                f"Received: x.shape={tuple(x.shape)}"
+            )
+        low, high = self.pixel_range
+        x_min, x_max = float(ops.min(x)), float(ops.max(x))
+        if x_min < low or x_max > high:
+            raise ValueError(
+                f"Expected pixel values in [{low}, {high}]. Received: x with values in [{x_min}, {x_max}]"
+            )
+        return x
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        nll = ops.mean(y_pred["nll"])
+        kl = ops.mean(y_pred["kl"])
+        loss = nll + ops.cast(self.kl_weight, "float32") * kl
+        if self.losses:
+            loss = loss + ops.sum(ops.stack([ops.cast(term, "float32") for term in self.losses]))
+        nelbo = nll + kl
+        self.nelbo_tracker.update_state(nelbo)
+        self.reconstruction_tracker.update_state(nll)
+        self.kl_tracker.update_state(kl)
+        self.bits_per_dim_tracker.update_state(nelbo / (self.num_data_dims * math.log(2.0)))
+        layer_kl = ops.mean(y_pred["kl_per_layer"], axis=0)
+        for i, tracker in enumerate(self.layer_kl_trackers):
+            tracker.update_state(layer_kl[i])
+        return loss
+
+    @property
+    def metrics(self):
+        return [
+            self.nelbo_tracker,
+            self.reconstruction_tracker,
+            self.kl_tracker,
+            self.bits_per_dim_tracker,
+            *self.layer_kl_trackers,
+        ]
+
+    def log_likelihood(self, x, num_samples=100, chunk_size=None):
+        """Importance-sampled marginal log-likelihood `log p(x)` in nats, `(B,)`.
+
+        The deterministic encoder pass runs once per image; see
+        `keras_avae.evaluation.importance_sampled_log_likelihood`.
+        """
+        x = self._check_images(x)
+        return importance_sampled_log_likelihood(self, x, num_samples=num_samples, chunk_size=chunk_size)

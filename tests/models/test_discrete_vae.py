@@ -1,0 +1,57 @@
+"""The Gumbel-softmax (categorical-latent) VAE."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_avae.models.discrete_vae import DiscreteVAE
+from keras_avae.models.discrete_vae import GumbelTemperatureSchedule
+from tests.models.test_hierarchical_vae import shapes_batch
+from tests.test_case import TestCase
+from tests.test_case import to_numpy
+
+TINY = dict(image_shape=(8, 8, 1), num_latents=4, num_categories=3, filters=4, hidden_units=16, seed=0)
+
+
+class TestDiscreteVAE(TestCase):
+    def test_kl_to_uniform_matches_numpy(self):
+        model = DiscreteVAE(**TINY)
+        x = shapes_batch(4)
+        out = to_numpy(model(x))
+        q = to_numpy(model.encode(x))
+        np.testing.assert_allclose(q.sum(-1), 1.0, rtol=1e-5)
+        expected = (q * np.log(q * TINY["num_categories"])).sum(-1)
+        np.testing.assert_allclose(out["kl_per_layer"], expected, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(out["kl"], expected.sum(-1), rtol=1e-4, atol=1e-6)
+
+    def test_training_lowers_the_nelbo_and_anneals_temperature(self):
+        model = DiscreteVAE(**dict(TINY, hidden_units=64, num_latents=8))
+        x = shapes_batch(16)
+        model.compile(optimizer=keras.optimizers.Adam(3e-3))
+        schedule = GumbelTemperatureSchedule(initial=1.0, minimum=0.5, rate=0.01, update_every=10)
+        history = model.fit(x, batch_size=16, epochs=80, verbose=0, callbacks=[schedule])
+        nelbo = history.history["nelbo"]
+        assert nelbo[-1] < 0.7 * nelbo[0], (nelbo[0], nelbo[-1])
+        np.testing.assert_allclose(float(to_numpy(model.temperature)), schedule.temperature_at(79), rtol=1e-6)
+        assert float(to_numpy(model.temperature)) < 1.0
+
+    def test_importance_sampling_and_methods(self):
+        model = DiscreteVAE(**TINY)
+        x = shapes_batch(4)
+        ll = {k: model.log_likelihood(x, num_samples=k).mean() for k in (1, 32)}
+        assert np.isfinite(list(ll.values())).all() and ll[32] > ll[1]
+        assert tuple(model.sample(3).shape) == (3, 8, 8, 1)
+        recon = to_numpy(model.reconstruct(x))
+        assert recon.shape == x.shape and 0 <= recon.min() and recon.max() <= 1
+        with pytest.raises(ValueError, match="num_categories"):
+            DiscreteVAE(**dict(TINY, num_categories=1))
+
+    def test_save_and_load_round_trip(self, tmp_path):
+        model = DiscreteVAE(**TINY)
+        model.build()
+        x = shapes_batch(4)
+        path = str(tmp_path / "dvae.keras")
+        model.save(path)
+        restored = keras.saving.load_model(path)
+        assert isinstance(restored, DiscreteVAE)
+        self.assertAllClose(restored.encode(x), model.encode(x), atol=1e-6)
