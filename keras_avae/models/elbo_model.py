@@ -17,6 +17,8 @@ class ELBOModel(keras.Model):
     collapse is visible in the logs). `kl_weight` is a non-trainable variable,
     so a callback can anneal it (KL warm-up). Loss terms leave `call` as
     outputs, so `fit` works on every backend without a custom `train_step`.
+    The trackers are ordinary metric attributes, so Keras lists them after
+    its own `loss` tracker and resets them every epoch.
 
     Subclasses call `_build_elbo_state(num_kl_terms)`, set `image_shape`
     and `crop`, and override `pixel_range` when their inputs are not in
@@ -75,16 +77,6 @@ class ELBOModel(keras.Model):
         for i, tracker in enumerate(self.layer_kl_trackers):
             tracker.update_state(layer_kl[i])
         return loss
-
-    @property
-    def metrics(self):
-        return [
-            self.nelbo_tracker,
-            self.reconstruction_tracker,
-            self.kl_tracker,
-            self.bits_per_dim_tracker,
-            *self.layer_kl_trackers,
-        ]
 
     def log_likelihood(self, x, num_samples=100, chunk_size=None):
         """Importance-sampled marginal log-likelihood `log p(x)` in nats, `(B,)`.
