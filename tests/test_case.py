@@ -220,3 +220,100 @@ class TestCase:
 
 def _batch_size(data):
     return int(keras.tree.flatten(data)[0].shape[0])
+
+
+def gradients(layer, loss_fn, inputs):
+    """Gradients of `loss_fn(layer(**inputs))` on the current backend.
+
+    Args:
+        layer: a built layer.
+        loss_fn: maps the layer output to a scalar, with `keras.ops`.
+        inputs: dict of call keyword arguments (arrays or lists of arrays).
+
+    Returns:
+        `(input_grads, weight_grads)`: NumPy arrays, the first with the
+        structure of `inputs`, the second one per `layer.trainable_weights`.
+    """
+    inputs = keras.tree.map_structure(ops.convert_to_tensor, inputs)
+    weights = layer.trainable_weights
+    if BACKEND == "jax":
+        import jax
+
+        def f(trainable, xs):
+            out, _ = layer.stateless_call(trainable, [v.value for v in layer.non_trainable_variables], **xs)
+            return loss_fn(out)
+
+        grad_w, grad_x = jax.jit(jax.grad(f, argnums=(0, 1)))([v.value for v in weights], inputs)
+    elif BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            loss = loss_fn(layer(**inputs))
+        grad_x, grad_w = tape.gradient(loss, (inputs, [v.value for v in weights]))
+    elif BACKEND == "torch":
+        import torch
+
+        inputs = keras.tree.map_structure(lambda t: t.detach().requires_grad_(True), inputs)
+        loss = loss_fn(layer(**inputs))
+        flat = keras.tree.flatten(inputs)
+        grads = torch.autograd.grad(loss, flat + [v.value for v in weights], allow_unused=True)
+        grad_x = keras.tree.pack_sequence_as(inputs, list(grads[: len(flat)]))
+        grad_w = list(grads[len(flat) :])
+    else:
+        raise NotImplementedError(BACKEND)
+    to_np = lambda g: None if g is None else to_numpy(g)  # noqa: E731
+    return keras.tree.map_structure(to_np, grad_x), [to_np(g) for g in grad_w]
+
+
+def largest_intermediate_size(fn, *args):
+    """Most elements in any tensor that `fn(*args)` creates (TF, JAX, torch).
+
+    Traces `fn` (JAX jaxpr, TensorFlow graph) or records every torch op's
+    output, so a test can check that a computation never materialises a
+    tensor of a given size (e.g. an (HW x HW) attention matrix).
+    """
+    args = keras.tree.map_structure(ops.convert_to_tensor, args)
+    if BACKEND == "jax":
+        import jax
+
+        def walk(jaxpr):
+            largest = 0
+            for eqn in jaxpr.eqns:
+                for var in eqn.outvars:
+                    largest = max(largest, int(np.prod(getattr(var.aval, "shape", ()))))
+                for param in keras.tree.flatten(list(eqn.params.values())):
+                    inner = getattr(param, "jaxpr", param)
+                    if hasattr(inner, "eqns"):
+                        largest = max(largest, walk(inner))
+            return largest
+
+        return walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        graph = tf.function(fn).get_concrete_function(*args).graph
+        largest = 0
+        for op in graph.get_operations():
+            for t in op.outputs:
+                if t.shape.rank is not None and t.shape.is_fully_defined():
+                    largest = max(largest, t.shape.num_elements())
+        return largest
+    if BACKEND == "torch":
+        import torch
+        from torch.overrides import TorchFunctionMode
+
+        sizes = [0]
+
+        class Recorder(TorchFunctionMode):
+            def __torch_function__(self, func, types, func_args=(), kwargs=None):
+                out = func(*func_args, **(kwargs or {}))
+                for t in keras.tree.flatten(out) if isinstance(out, (tuple, list)) else [out]:
+                    if isinstance(t, torch.Tensor):
+                        sizes[0] = max(sizes[0], t.numel())
+                return out
+
+        with Recorder(), torch.no_grad():
+            fn(*args)
+        return sizes[0]
+    raise NotImplementedError(BACKEND)

@@ -1,5 +1,214 @@
-# PLACEHOLDER: replace this whole file.
+"""Spatial non-local block (Wang et al. 2018), exact or with FAVOR+ attention."""
+
+import random
+
+import keras
+from keras import ops
+
+from keras_avae.ops.favor import favor_attention
+from keras_avae.ops.favor import orthogonal_random_features
+
+_ATTENTIONS = ("softmax", "performer")
+_FEATURE_REDRAWS = ("fixed", "training")
 
 
-class NonLocalBlock:
-    pass
+@keras.saving.register_keras_serializable(package="keras_avae")
+class NonLocalBlock(keras.layers.Layer):
+    """Residual self-attention over all positions of a feature map.
+
+    The non-local block of Wang et al., "Non-local Neural Networks" (CVPR
+    2018), in the form used by the spatially attentive cells of "Deep
+    Attentive Variational Inference" (Apostolopoulou et al., ICLR 2022,
+    Sec. 2.6). With `theta`, `phi` and `g` 1x1 convolutions (to `key_dim`,
+    `key_dim` and C channels) and the H * W positions `p, q` of the input `x`:
+
+    ```
+    A[p, q] = softmax_q(theta(x)[p] . phi(x)[q])
+    out[p]  = x[p] + gamma * sum_q A[p, q] g(x)[q]
+    ```
+
+    The logits are NOT divided by sqrt(key_dim), as in the paper's reference
+    implementation. `gamma` is a scalar weight initialised to 0, so the block
+    is exactly the identity at initialisation.
+
+    `attention="softmax"` forms the (H*W x H*W) matrix `A`: O((HW)^2) time
+    and memory. `attention="performer"` computes the same quantity with FAVOR+
+    (`keras_avae.ops.favor_attention`, one head, logit scale 1): positive
+    orthogonal random features estimate the softmax kernel without forming
+    `A`, in O(HW * num_random_features) time and memory. The two modes have
+    the same weights, so a block trained with one runs with the other. The
+    random features are not weights: they are drawn from the integer `seed`
+    (resolved at construction when `None` and kept in the config), so a
+    `.keras` round trip reproduces them. FAVOR+'s error grows with the size
+    of the logits (there is no 1/sqrt(key_dim) to temper them): check it on
+    trained weights before swapping modes.
+
+    Args:
+        key_dim: positive int, channels of `theta` and `phi`. Defaults to 32
+            (the reference's).
+        attention: `"softmax"` (exact) or `"performer"` (FAVOR+). Defaults
+            to `"softmax"`.
+        num_random_features: positive int, FAVOR+ random features (performer
+            only). Defaults to 256.
+        feature_redraw: `"fixed"`: one draw from `seed` used for every call;
+            `"training"`: a fresh draw for every training call, the fixed
+            draw at inference (performer only). Defaults to `"fixed"`.
+        use_bias: bool, whether the 1x1 convolutions have biases. Defaults to
+            `True`.
+        kernel_initializer: initializer of the convolution kernels.
+        kernel_regularizer: regularizer of the convolution kernels.
+        gamma_initializer: initializer of `gamma`. Defaults to `"zeros"`.
+        seed: non-negative int or `None`, seeds the random features. `None`
+            draws an integer at construction (from Python's `random`, which
+            `keras.utils.set_random_seed` seeds).
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: tensor of shape `(B, H, W, C)`.
+        training: bool, training mode (selects redrawn random features with
+            `feature_redraw="training"`).
+
+    Returns:
+        A tensor of the input's shape, in the layer's compute dtype.
+
+    Example:
+
+    >>> import numpy as np
+    >>> x = np.random.normal(size=(2, 8, 8, 16)).astype("float32")
+    >>> block = NonLocalBlock(key_dim=4)
+    >>> bool(np.all(keras.ops.convert_to_numpy(block(x)) == x))  # gamma = 0
+    True
+    >>> fast = NonLocalBlock(key_dim=4, attention="performer", seed=0)
+    >>> tuple(fast(x).shape)
+    (2, 8, 8, 16)
+    """
+
+    def __init__(
+        self,
+        key_dim=32,
+        attention="softmax",
+        num_random_features=256,
+        feature_redraw="fixed",
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        kernel_regularizer=None,
+        gamma_initializer="zeros",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not _is_positive_int(key_dim):
+            raise ValueError(f"`key_dim` must be a positive integer. Received: key_dim={key_dim!r}")
+        if attention not in _ATTENTIONS:
+            raise ValueError(f"`attention` must be one of {_ATTENTIONS}. Received: attention={attention!r}")
+        if not _is_positive_int(num_random_features):
+            raise ValueError(
+                "`num_random_features` must be a positive integer. "
+                f"Received: num_random_features={num_random_features!r}"
+            )
+        if feature_redraw not in _FEATURE_REDRAWS:
+            raise ValueError(
+                f"`feature_redraw` must be one of {_FEATURE_REDRAWS}. Received: feature_redraw={feature_redraw!r}"
+            )
+        if not isinstance(use_bias, bool):
+            raise ValueError(f"`use_bias` must be a bool. Received: use_bias={use_bias!r}")
+        if seed is not None and not (_is_positive_int(seed) or seed == 0):
+            raise ValueError(f"`seed` must be a non-negative integer or None. Received: seed={seed!r}")
+        if seed is None:
+            # A concrete seed in the config makes the features reproducible
+            # after a `.keras` round trip (same range as PerformerAttention).
+            seed = random.randint(1, int(1e9))
+        self.key_dim = key_dim
+        self.attention = attention
+        self.num_random_features = num_random_features
+        self.feature_redraw = feature_redraw
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.gamma_initializer = keras.initializers.get(gamma_initializer)
+        self.seed = seed
+        self.seed_generator = None
+        if attention == "performer" and feature_redraw == "training":
+            # Offset: a generator's first draw is its integer seed's draw, so
+            # `seed` itself would redraw the fixed features first.
+            self.seed_generator = keras.random.SeedGenerator(seed + 1)
+
+    def _conv(self, filters, name):
+        # Each convolution gets its own copy of the initializer/regularizer.
+        return keras.layers.Conv2D(
+            filters,
+            kernel_size=1,
+            data_format="channels_last",
+            use_bias=self.use_bias,
+            kernel_initializer=self.kernel_initializer.__class__.from_config(self.kernel_initializer.get_config()),
+            kernel_regularizer=(
+                None
+                if self.kernel_regularizer is None
+                else self.kernel_regularizer.__class__.from_config(self.kernel_regularizer.get_config())
+            ),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, input_shape):
+        input_shape = tuple(input_shape)
+        if len(input_shape) != 4 or input_shape[-1] is None:
+            raise ValueError(
+                "`inputs` must have rank 4 (batch, height, width, channels) with known channels. "
+                f"Received: inputs with shape {input_shape}"
+            )
+        self.theta = self._conv(self.key_dim, "theta")
+        self.phi = self._conv(self.key_dim, "phi")
+        self.g = self._conv(input_shape[-1], "g")
+        for conv in (self.theta, self.phi, self.g):
+            conv.build(input_shape)
+        self.gamma = self.add_weight(name="gamma", shape=(), initializer=self.gamma_initializer)
+
+    def call(self, inputs, training=None):
+        batch = ops.shape(inputs)[0]
+        # (B, HW, channels) in float32: the logits, softmax (or FAVOR+
+        # features) and the weighted sum over all positions.
+        theta = ops.cast(ops.reshape(self.theta(inputs), (batch, -1, self.key_dim)), "float32")
+        phi = ops.cast(ops.reshape(self.phi(inputs), (batch, -1, self.key_dim)), "float32")
+        g = self.g(inputs)
+        g = ops.cast(ops.reshape(g, (batch, -1, g.shape[-1])), "float32")
+        if self.attention == "softmax":
+            # Unscaled logits, as in the reference (no 1/sqrt(key_dim)).
+            scores = ops.softmax(ops.einsum("bpk,bqk->bpq", theta, phi), axis=-1)
+            attended = ops.einsum("bpq,bqc->bpc", scores, g)
+        else:
+            if training and self.feature_redraw == "training":
+                features_seed = self.seed_generator
+            else:
+                features_seed = self.seed
+            features = orthogonal_random_features(self.num_random_features, self.key_dim, seed=features_seed)
+            # One head (axis 2) and scale 1: the same logits as the softmax path.
+            attended = favor_attention(
+                theta[:, :, None, :], phi[:, :, None, :], g[:, :, None, :], features, scale=1.0
+            )[:, :, 0, :]
+        attended = ops.cast(ops.reshape(attended, ops.shape(inputs)), self.compute_dtype)
+        return inputs + self.gamma * attended
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "key_dim": self.key_dim,
+                "attention": self.attention,
+                "num_random_features": self.num_random_features,
+                "feature_redraw": self.feature_redraw,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
+                "gamma_initializer": keras.initializers.serialize(self.gamma_initializer),
+                "seed": self.seed,
+            }
+        )
+        return config
+
+
+def _is_positive_int(x):
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
