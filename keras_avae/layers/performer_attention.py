@@ -1,5 +1,365 @@
-# PLACEHOLDER: replace this whole file.
+"""Performer (FAVOR+) multi-head attention, a drop-in for MultiHeadAttention."""
+
+import random
+
+import keras
+from keras import ops
+
+from keras_avae.ops.favor import favor_attention
+from keras_avae.ops.favor import orthogonal_random_features
+
+_KERNELS = ("softmax", "relu")
+_FEATURE_REDRAWS = ("fixed", "training")
+_SCALINGS = ("chi", "sqrt")
 
 
-class PerformerAttention:
-    pass
+@keras.saving.register_keras_serializable(package="keras_avae")
+class PerformerAttention(keras.layers.MultiHeadAttention):
+    """Multi-head attention in linear time with FAVOR+ random features.
+
+    Implements the Performer's FAVOR+ mechanism (Choromanski et al.,
+    "Rethinking Attention with Performers", ICLR 2021,
+    https://arxiv.org/abs/2009.14794): `softmax(Q K^T / sqrt(key_dim)) V` is
+    approximated by `D^-1 (phi(Q) (phi(K)^T V))` with positive orthogonal
+    random features `phi` (see `keras_avae.ops.favor_attention`), so time and
+    memory grow linearly with the sequence length instead of quadratically.
+    The estimate of each attention weight is unbiased up to the normalisation,
+    and its error falls as `num_random_features ** -0.5`.
+
+    The layer subclasses `keras.layers.MultiHeadAttention` and has exactly its
+    weights, in the same order, so a trained `MultiHeadAttention` is swapped
+    for a `PerformerAttention` with the same constructor arguments by
+    `performer.set_weights(mha.get_weights())`. The random features are not
+    weights: they are drawn from the integer `seed` (resolved at construction
+    when `None` and kept in the config), so a `.keras` round trip gives the
+    same features and the same outputs.
+
+    Differences from `MultiHeadAttention`, all because FAVOR+ never forms the
+    `(T, S)` attention matrix:
+
+    - Masks: only key padding masks (`value_mask`, `key_mask`, Keras-propagated
+      masks, or an `attention_mask` of shape `(B, S)` or `(B, 1, S)`) and
+      `use_causal_mask=True` can be applied; a dense `(B, T, S)`
+      `attention_mask` raises a `ValueError`. A query mask is not applied to
+      the computation; it is propagated to the output, as in
+      `MultiHeadAttention`.
+    - `return_attention_scores=True` raises a `ValueError`.
+    - `dropout` cannot drop single attention probabilities. It drops whole
+      key/value positions (independently per batch element and head) from the
+      weighted sum while keeping the normaliser, scaling the kept ones by
+      `1 / (1 - dropout)`: this is `MultiHeadAttention`'s attention dropout
+      with one mask shared by all queries. It has the same expectation.
+    - Inputs must be sequences `(B, T, dim)`: only the default
+      `attention_axes` and no `sliding_window` are supported.
+
+    Args:
+        num_heads: positive int, number of attention heads.
+        key_dim: positive int, size of each head for query and key.
+        value_dim: positive int or `None` (= `key_dim`), size of each head
+            for value.
+        dropout: float in `[0, 1)`, the rate of the key/value dropout
+            described above.
+        use_bias: bool, whether the projections have biases.
+        output_shape: output size besides batch and sequence; `None` projects
+            back to the query's last dimension.
+        attention_axes: `None` (or `1`/`(1,)`, the sequence axis): the only
+            supported value.
+        sliding_window: must be `None`; accepted so that a
+            `MultiHeadAttention` config can be passed as is.
+        kernel_initializer: initializer of the projection kernels.
+        bias_initializer: initializer of the projection biases.
+        kernel_regularizer: regularizer of the projection kernels.
+        bias_regularizer: regularizer of the projection biases.
+        activity_regularizer: regularizer of the output.
+        kernel_constraint: constraint of the projection kernels.
+        bias_constraint: constraint of the projection biases.
+        use_gate: bool, the sigmoid output gate of `MultiHeadAttention`.
+        seed: int or `None`. Seeds the fixed random features, their redraws
+            and dropout. `None` draws an integer at construction (from
+            Python's `random`, which `keras.utils.set_random_seed` seeds).
+        num_random_features: positive int m, random features per head.
+            Defaults to 256.
+        kernel: `"softmax"` (unbiased positive features for the softmax
+            kernel) or `"relu"` (the Performer's generalised ReLU kernel: a
+            different attention, not an approximation of softmax). Defaults
+            to `"softmax"`.
+        feature_redraw: `"fixed"`: one draw from `seed`, used for every call;
+            `"training"`: a fresh draw for every training call (the seed
+            generator advances), the fixed draw at inference. Defaults to
+            `"fixed"`.
+        orthogonal_scaling: `"chi"` (rows with chi-distributed norms, which
+            keeps the softmax estimate unbiased) or `"sqrt"` (rows of norm
+            `sqrt(key_dim)`). Defaults to `"chi"`.
+        eps: non-negative float added to every feature (relative to the
+            largest one) to keep the normaliser away from zero. Defaults to
+            `1e-6`.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        query: query tensor of shape `(B, T, dim)`.
+        value: value tensor of shape `(B, S, dim)`.
+        key: optional key tensor of shape `(B, S, dim)`; defaults to `value`.
+        query_mask: optional `(B, T)` mask, propagated to the output.
+        value_mask: optional `(B, S)` boolean mask of valid keys.
+        key_mask: optional `(B, S)` boolean mask of valid keys.
+        attention_mask: optional boolean mask of valid keys, shape `(B, S)`
+            or `(B, 1, S)`.
+        return_attention_scores: must be `False`.
+        training: bool, training mode (dropout and feature redraw).
+        use_causal_mask: bool; query `t` attends only to keys `s <= t`
+            (needs `T == S`). Computed with chunked prefix sums, still in
+            linear time.
+
+    Returns:
+        The attention output, shape `(B, T, E)` with `E` the query's last
+        dimension or `output_shape`, in the layer's compute dtype.
+
+    Example:
+
+    >>> import numpy as np
+    >>> x = np.random.normal(size=(2, 16, 8)).astype("float32")
+    >>> layer = PerformerAttention(num_heads=2, key_dim=4, seed=0)
+    >>> tuple(layer(x, x, use_causal_mask=True).shape)
+    (2, 16, 8)
+
+    Swapping in FAVOR+ for a (trained) `MultiHeadAttention`, with its
+    constructor arguments and its weights:
+
+    >>> mha = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)
+    >>> exact = mha(x, x)
+    >>> performer = PerformerAttention.from_config(mha.get_config())
+    >>> performer.build(x.shape, x.shape)
+    >>> performer.set_weights(mha.get_weights())
+    >>> approx = performer(x, x)  # error falls as num_random_features ** -0.5
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        dropout=0.0,
+        use_bias=True,
+        output_shape=None,
+        attention_axes=None,
+        sliding_window=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        activity_regularizer=None,
+        kernel_constraint=None,
+        bias_constraint=None,
+        use_gate=False,
+        seed=None,
+        num_random_features=256,
+        kernel="softmax",
+        feature_redraw="fixed",
+        orthogonal_scaling="chi",
+        eps=1e-6,
+        **kwargs,
+    ):
+        if not _is_int(num_random_features) or num_random_features <= 0:
+            raise ValueError(
+                "`num_random_features` must be a positive integer. "
+                f"Received: num_random_features={num_random_features}"
+            )
+        if kernel not in _KERNELS:
+            raise ValueError(f"`kernel` must be one of {_KERNELS}. Received: kernel={kernel!r}")
+        if feature_redraw not in _FEATURE_REDRAWS:
+            raise ValueError(
+                f"`feature_redraw` must be one of {_FEATURE_REDRAWS}. Received: feature_redraw={feature_redraw!r}"
+            )
+        if orthogonal_scaling not in _SCALINGS:
+            raise ValueError(
+                f"`orthogonal_scaling` must be one of {_SCALINGS}. Received: orthogonal_scaling={orthogonal_scaling!r}"
+            )
+        if not _is_number(eps) or not eps >= 0:
+            raise ValueError(f"`eps` must be a non-negative float. Received: eps={eps}")
+        if not _is_number(dropout) or not 0 <= dropout < 1:
+            raise ValueError(f"`dropout` must be a float in [0, 1). Received: dropout={dropout}")
+        if sliding_window is not None:
+            raise ValueError(
+                "PerformerAttention does not support `sliding_window`: FAVOR+ cannot apply a banded "
+                f"mask in linear time. Received: sliding_window={sliding_window}"
+            )
+        axes = (attention_axes,) if isinstance(attention_axes, int) else attention_axes
+        if axes is not None and (not isinstance(axes, (list, tuple)) or len(axes) != 1 or axes[0] not in (1, -2)):
+            raise ValueError(
+                "PerformerAttention only attends over the sequence axis of `(B, T, dim)` inputs: "
+                f"`attention_axes` must be None or 1. Received: attention_axes={attention_axes}"
+            )
+        if seed is not None and (not _is_int(seed) or seed < 0):
+            raise ValueError(f"`seed` must be a non-negative integer or None. Received: seed={seed}")
+        if seed is None:
+            # A concrete seed in the config makes the features reproducible
+            # after a `.keras` round trip; same range as Keras' default seeds.
+            seed = random.randint(1, int(1e9))
+        super().__init__(
+            num_heads=num_heads,
+            key_dim=key_dim,
+            value_dim=value_dim,
+            dropout=dropout,
+            use_bias=use_bias,
+            output_shape=output_shape,
+            attention_axes=attention_axes,
+            sliding_window=None,
+            # Never True: it would only make MultiHeadAttention reject dropout.
+            flash_attention=False,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            kernel_regularizer=kernel_regularizer,
+            bias_regularizer=bias_regularizer,
+            activity_regularizer=activity_regularizer,
+            kernel_constraint=kernel_constraint,
+            bias_constraint=bias_constraint,
+            use_gate=use_gate,
+            seed=seed,
+            **kwargs,
+        )
+        self.num_random_features = num_random_features
+        self.kernel = kernel
+        self.feature_redraw = feature_redraw
+        self.orthogonal_scaling = orthogonal_scaling
+        self.eps = eps
+        self.seed_generator = keras.random.SeedGenerator(seed)
+
+    def build(self, query_shape, value_shape, key_shape=None):
+        for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
+            if shape is not None and len(shape) != 3:
+                raise ValueError(
+                    f"PerformerAttention expects `{name}` of shape (batch, sequence, features); "
+                    f"flatten other axes into the sequence first. Received: {name}_shape={tuple(shape)}"
+                )
+        super().build(query_shape, value_shape, key_shape)
+
+    def _build_attention(self, rank):
+        # FAVOR+ needs neither MultiHeadAttention's softmax, its attention
+        # einsum equations nor its probability dropout layer (dropout here
+        # uses `self.seed_generator`), and keeps `attention_axes` as given.
+        pass
+
+    def call(
+        self,
+        query,
+        value,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+    ):
+        attention_mask = self._check_call_arguments(attention_mask, return_attention_scores)
+        if key is None:
+            key = value
+        padding_mask = None
+        for mask in (value_mask, key_mask, attention_mask):
+            if mask is not None:
+                mask = ops.cast(mask, "bool")
+                padding_mask = mask if padding_mask is None else ops.logical_and(padding_mask, mask)
+
+        query, key, value = (_without_keras_mask(t) for t in (query, key, value))
+        if self._use_gate:
+            gate = self._gate_dense(query)
+        query = self._query_dense(query)
+        key = self._key_dense(key)
+        value = self._value_dense(value)
+
+        if training and self.feature_redraw == "training":
+            features_seed = self.seed_generator
+        else:
+            features_seed = self.seed
+        features = orthogonal_random_features(
+            self.num_random_features, self._key_dim, seed=features_seed, scaling=self.orthogonal_scaling
+        )
+        if training and self._dropout > 0:
+            # Dropping value rows = dropping those keys' terms from every
+            # query's weighted sum, with the normaliser left intact.
+            value = keras.random.dropout(
+                value, self._dropout, noise_shape=(None, None, None, 1), seed=self.seed_generator
+            )
+        output = favor_attention(
+            query,
+            key,
+            value,
+            features,
+            kernel=self.kernel,
+            causal=use_causal_mask,
+            key_mask=padding_mask,
+            eps=self.eps,
+        )
+        if self._use_gate:
+            output = output * gate
+        return self._output_dense(output)
+
+    def _check_call_arguments(self, attention_mask, return_attention_scores):
+        """Raises for what FAVOR+ cannot do; returns the attention mask as (B, S) or None."""
+        if return_attention_scores:
+            raise ValueError(
+                "PerformerAttention cannot return attention scores: FAVOR+ never forms the attention "
+                "matrix. Received: return_attention_scores=True"
+            )
+        if attention_mask is None:
+            return None
+        shape = tuple(attention_mask.shape)
+        if len(shape) == 2:
+            return attention_mask
+        if len(shape) == 3 and shape[1] == 1:
+            return ops.squeeze(attention_mask, axis=1)
+        raise ValueError(
+            "PerformerAttention cannot apply a dense (B, T, S) `attention_mask` in linear time. Pass a key "
+            "padding mask of shape (B, S) (as `attention_mask`, `value_mask` or via Keras masking) and/or "
+            f"`use_causal_mask=True`. Received: attention_mask.shape={shape}"
+        )
+
+    def compute_output_spec(
+        self,
+        query,
+        value,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+    ):
+        self._check_call_arguments(attention_mask, return_attention_scores)
+        return super().compute_output_spec(query, value, key)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_random_features": self.num_random_features,
+                "kernel": self.kernel,
+                "feature_redraw": self.feature_redraw,
+                "orthogonal_scaling": self.orthogonal_scaling,
+                "eps": self.eps,
+            }
+        )
+        return config
+
+
+def _without_keras_mask(x):
+    """`x`, or a copy without its Keras mask when it carries one.
+
+    The masks already arrived as `*_mask` arguments; a masked input would make
+    the projections (which do not support masking) warn that they drop it.
+    Unlike `MultiHeadAttention`, the caller's tensor keeps its mask.
+    """
+    if getattr(x, "_keras_mask", None) is None:
+        return x
+    return ops.copy(x)
+
+
+def _is_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)

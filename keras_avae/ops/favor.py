@@ -1,13 +1,289 @@
-# PLACEHOLDER: replace this whole file.
+"""FAVOR+: linear-time softmax attention with positive orthogonal random features.
+
+Reference: Choromanski et al., "Rethinking Attention with Performers",
+ICLR 2021 (https://arxiv.org/abs/2009.14794).
+
+For `q, k` in R^d and `w ~ N(0, I_d)`,
+`E[exp(w.q - |q|^2/2) exp(w.k - |k|^2/2)] = exp(q.k)`, so with m random rows
+`W`, `phi(x) = m^-1/2 exp(W x - |x|^2/2)` gives an unbiased estimate
+`phi(q).phi(k)` of the softmax kernel `exp(q.k)` with strictly positive
+features. Attention then factorises as
+`D^-1 (phi(Q) (phi(K)^T V))` with `D = diag(phi(Q) (phi(K)^T 1))`, which costs
+O(L m d) instead of O(L^2 d). Orthogonal rows of `W` lower the estimator's
+variance without biasing it.
+"""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+_KERNELS = ("softmax", "relu")
+_SCALINGS = ("chi", "sqrt")
+# Sequence chunk of the causal prefix sums: memory O(L/C * m * d_v + L * C)
+# instead of O(L * m * d_v) for one running sum per position.
+_CAUSAL_CHUNK_SIZE = 128
 
 
-def favor_attention(*a, **k):
-    raise NotImplementedError
+def orthogonal_random_features(num_features, dim, seed=None, scaling="chi", dtype="float32"):
+    """Draws a `(num_features, dim)` matrix of orthogonal random features.
+
+    Rows come in blocks of `dim` exactly orthogonal directions (the rows of
+    `Q^T` for the QR decomposition of a Gaussian `dim x dim` matrix, with the
+    signs fixed so that `Q` is Haar-distributed); `ceil(num_features / dim)`
+    independent blocks are stacked and truncated to `num_features` rows. Each
+    row is then given a length: the norm of a fresh `N(0, I_dim)` vector
+    (`scaling="chi"`, so every row is marginally `N(0, I_dim)` and the FAVOR+
+    softmax estimator stays unbiased) or `sqrt(dim)` (`scaling="sqrt"`, the
+    Performer paper's "regularized" variant).
+
+    Args:
+        num_features: positive int, the number of rows m.
+        dim: positive int, the dimension d of the vectors to project.
+        seed: int, `keras.random.SeedGenerator` or `None`. An int seed draws
+            the Gaussians with NumPy on the host, so it gives the same matrix
+            on every backend, eagerly and under `jit_compile` (TensorFlow's
+            stateless random ops give different numbers under XLA). Use a
+            `SeedGenerator` for fresh draws inside a compiled function.
+        scaling: `"chi"` or `"sqrt"`, how rows are scaled (see above).
+        dtype: dtype of the result.
+
+    Returns:
+        A `(num_features, dim)` tensor.
+
+    Example:
+
+    >>> w = orthogonal_random_features(6, 4, seed=0)
+    >>> tuple(w.shape)
+    (6, 4)
+    """
+    if not isinstance(num_features, int) or isinstance(num_features, bool) or num_features <= 0:
+        raise ValueError(f"`num_features` must be a positive integer. Received: num_features={num_features}")
+    if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
+        raise ValueError(f"`dim` must be a positive integer. Received: dim={dim}")
+    if scaling not in _SCALINGS:
+        raise ValueError(f"`scaling` must be one of {_SCALINGS}. Received: scaling={scaling!r}")
+    num_blocks = -(-num_features // dim)
+    block_size = num_blocks * dim * dim
+    # One draw split in two: two draws from the same integer seed would reuse
+    # the same random stream for the directions and the norms.
+    total = block_size + (num_features * dim if scaling == "chi" else 0)
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        gaussian = np.random.default_rng(seed).standard_normal(total, dtype=np.float32)
+    else:
+        gaussian = keras.random.normal((total,), seed=seed, dtype="float32")
+
+    blocks = ops.reshape(gaussian[:block_size], (num_blocks, dim, dim))
+    q, r = ops.linalg.qr(blocks)
+    # QR routines leave the signs of R's diagonal arbitrary; flipping Q's
+    # columns to make it positive makes Q Haar-distributed (Mezzadri 2007).
+    signs = ops.where(ops.diagonal(r, axis1=-2, axis2=-1) < 0, -1.0, 1.0)
+    q = q * ops.expand_dims(signs, axis=-2)
+    directions = ops.reshape(ops.transpose(q, (0, 2, 1)), (num_blocks * dim, dim))[:num_features]
+
+    if scaling == "chi":
+        norms = ops.norm(ops.reshape(gaussian[block_size:], (num_features, dim)), axis=-1)
+    else:
+        norms = ops.full((num_features,), math.sqrt(dim), dtype="float32")
+    return ops.cast(directions * ops.expand_dims(norms, -1), dtype)
 
 
-def favor_feature_map(*a, **k):
-    raise NotImplementedError
+def favor_feature_map(x, random_features, kernel="softmax", is_query=True, scale=None, eps=1e-6):
+    """FAVOR+ feature map `phi(x)` of queries or keys, in float32.
+
+    `x` is first multiplied by `sqrt(scale)` so that `phi(q).phi(k)`
+    estimates the kernel of the logits `scale * q.k`. Then, with `W` the
+    `(m, d)` random features:
+
+    - `kernel="softmax"`: `phi(x) = m^-1/2 (exp(W x - |x|^2/2 - c) + eps)`;
+      with `eps = 0`, `phi(q).phi(k) exp(c_q + c_k)` is an unbiased estimate
+      of `exp(scale * q.k)`. The stabiliser `c` is the maximum of the
+      exponent over the features of each row for queries, and over the
+      features and the whole sequence (per leading index and head) for keys,
+      under `stop_gradient`. Both cancel in attention's ratio and keep `exp`
+      in `(0, 1]`, so `eps` is relative to the largest feature and its bias
+      does not grow with m.
+    - `kernel="relu"`: `phi(x) = m^-1/2 (relu(W x) + eps)`, the Performer's
+      generalised ReLU kernel (no exponential, no stabiliser).
+
+    Args:
+        x: tensor `(..., L, N, d)`: sequence, heads, head size.
+        random_features: `(m, d)` tensor, e.g. from
+            `orthogonal_random_features`.
+        kernel: `"softmax"` or `"relu"`.
+        is_query: whether `x` holds queries (per-row stabiliser) or keys (one
+            stabiliser per leading index and head).
+        scale: logit scale; default `1 / sqrt(d)`.
+        eps: non-negative constant added to every feature (before the
+            `m^-1/2` factor), keeping the attention normaliser away from zero.
+
+    Returns:
+        The float32 features, shape `(..., L, N, m)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> w = orthogonal_random_features(16, 8, seed=0)
+    >>> x = np.random.normal(size=(2, 5, 3, 8))
+    >>> tuple(favor_feature_map(x, w).shape)
+    (2, 5, 3, 16)
+    """
+    return _feature_map(x, random_features, kernel, is_query, scale, eps)
 
 
-def orthogonal_random_features(*a, **k):
-    raise NotImplementedError
+def favor_attention(
+    query,
+    key,
+    value,
+    random_features,
+    kernel="softmax",
+    causal=False,
+    key_mask=None,
+    scale=None,
+    eps=1e-6,
+):
+    """FAVOR+ attention, approximating `softmax(scale * Q K^T) V` in linear time.
+
+    Non-causal: `D^-1 (phi(Q) (phi(K)^T V))` with
+    `D = phi(Q) (phi(K)^T 1)`. Causal (each query attends to keys at its own
+    and earlier positions): the same with prefix sums over the sequence,
+    computed chunk by chunk (exact sums inside a chunk, a running state
+    between chunks) so that memory does not grow as `L * m * d_v`. Features,
+    sums and the division run in float32.
+
+    Note that in the causal case the keys' stabiliser is a maximum over the
+    whole sequence, so keys whose logits are far (more than ~80 in float32)
+    below that maximum underflow to `eps` features.
+
+    Args:
+        query: `(B, T, N, d)` tensor (MultiHeadAttention's projected layout).
+        key: `(B, S, N, d)` tensor.
+        value: `(B, S, N, d_v)` tensor.
+        random_features: `(m, d)` tensor of random features.
+        kernel: `"softmax"` or `"relu"` (see `favor_feature_map`).
+        causal: if `True` (requires `T == S`), query `t` attends only to keys
+            `s <= t`.
+        key_mask: optional `(B, S)` boolean or 0/1 tensor, `True`/1 for valid
+            keys. Masked keys' features are zeroed, so they leave the
+            numerator and the normaliser. `None` means all keys are valid.
+        scale: softmax logit scale; default `1 / sqrt(d)`.
+        eps: non-negative constant added to every feature (see
+            `favor_feature_map`).
+
+    Returns:
+        `(B, T, N, d_v)` tensor in `query`'s dtype. A query with no valid key
+        gets zeros.
+
+    Example:
+
+    >>> import numpy as np
+    >>> q = np.random.normal(size=(2, 10, 4, 8)).astype("float32")
+    >>> v = np.random.normal(size=(2, 10, 4, 6)).astype("float32")
+    >>> w = orthogonal_random_features(64, 8, seed=2)
+    >>> tuple(favor_attention(q, q, v, w, causal=True).shape)
+    (2, 10, 4, 6)
+    """
+    if causal and query.shape[1] is not None and key.shape[1] is not None and query.shape[1] != key.shape[1]:
+        raise ValueError(
+            "`causal=True` requires as many queries as keys. "
+            f"Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
+        )
+    valid = None
+    if key_mask is not None:
+        valid = ops.cast(key_mask, "bool")[:, :, None, None]
+    q_prime = _feature_map(query, random_features, kernel, True, scale, eps)
+    k_prime = _feature_map(key, random_features, kernel, False, scale, eps, valid=valid)
+    v = ops.cast(value, "float32")
+    if causal:
+        numerator, denominator = _causal_sums(q_prime, k_prime, v)
+    else:
+        kv = ops.einsum("bsnm,bsnd->bnmd", k_prime, v)
+        numerator = ops.einsum("btnm,bnmd->btnd", q_prime, kv)
+        denominator = ops.einsum("btnm,bnm->btn", q_prime, ops.sum(k_prime, axis=1))
+    # Features are non-negative, so the normaliser is zero only when every
+    # term of the numerator is zero too (no valid key): return 0, not NaN.
+    denominator = ops.where(denominator > 0, denominator, ops.ones_like(denominator))
+    return ops.cast(numerator / ops.expand_dims(denominator, -1), query.dtype)
+
+
+def _validate(kernel, scale, eps):
+    if kernel not in _KERNELS:
+        raise ValueError(f"`kernel` must be one of {_KERNELS}. Received: kernel={kernel!r}")
+    if scale is not None and not scale > 0:
+        raise ValueError(f"`scale` must be positive or None. Received: scale={scale}")
+    if not eps >= 0:
+        raise ValueError(f"`eps` must be non-negative. Received: eps={eps}")
+
+
+def _feature_map(x, random_features, kernel, is_query, scale, eps, valid=None):
+    """`favor_feature_map`, with keys outside `valid` left out of the stabiliser and zeroed."""
+    _validate(kernel, scale, eps)
+    dim = x.shape[-1]
+    if scale is None:
+        scale = 1.0 / math.sqrt(dim)
+    num_features = random_features.shape[0]
+    x = ops.cast(x, "float32") * math.sqrt(scale)
+    projection = ops.einsum("...d,md->...m", x, ops.cast(random_features, "float32"))
+    if kernel == "relu":
+        features = ops.relu(projection)
+    else:
+        exponent = projection - 0.5 * ops.sum(ops.square(x), axis=-1, keepdims=True)
+        if valid is not None:
+            # Padding keys must neither set the stabiliser (their values are
+            # arbitrary) nor reach exp; a finite floor keeps gradients clean.
+            exponent = ops.where(valid, exponent, -1e30)
+        if is_query:
+            stabiliser = ops.max(exponent, axis=-1, keepdims=True)
+        else:
+            stabiliser = ops.max(exponent, axis=(-3, -1), keepdims=True)
+        exponent = exponent - ops.stop_gradient(stabiliser)
+        features = ops.exp(exponent)
+    # eps is relative to the largest softmax feature (1 after stabilisation),
+    # so its bias does not grow with the number of features.
+    features = (features + eps) / math.sqrt(num_features)
+    if valid is not None:
+        features = features * ops.cast(valid, "float32")
+    return features
+
+
+def _causal_sums(q_prime, k_prime, v):
+    """Causal numerator `(B, T, N, d_v)` and normaliser `(B, T, N)` by chunked prefix sums."""
+    batch, length, heads, num_features = ops.shape(q_prime)
+    value_dim = ops.shape(v)[-1]
+    chunk = _CAUSAL_CHUNK_SIZE
+    if isinstance(length, int) and length <= chunk:
+        chunk = length
+    # Zero-padding at the end changes no prefix sum of a real position.
+    pad = (-length) % chunk
+    if not isinstance(pad, int) or pad:
+        q_prime = ops.pad(q_prime, ((0, 0), (0, pad), (0, 0), (0, 0)))
+        k_prime = ops.pad(k_prime, ((0, 0), (0, pad), (0, 0), (0, 0)))
+        v = ops.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    q_c = ops.reshape(q_prime, (batch, -1, chunk, heads, num_features))
+    k_c = ops.reshape(k_prime, (batch, -1, chunk, heads, num_features))
+    v_c = ops.reshape(v, (batch, -1, chunk, heads, value_dim))
+
+    # State carried into each chunk: the sums over all earlier chunks.
+    kv_chunk = ops.einsum("bcinm,bcind->bcnmd", k_c, v_c)
+    k_chunk = ops.sum(k_c, axis=2)
+    kv_before = _exclusive_cumsum(kv_chunk)
+    k_before = _exclusive_cumsum(k_chunk)
+    numerator = ops.einsum("bcinm,bcnmd->bcind", q_c, kv_before)
+    denominator = ops.einsum("bcinm,bcnm->bcin", q_c, k_before)
+
+    # Inside a chunk: exact lower-triangular (C x C) kernel scores.
+    scores = ops.einsum("bcinm,bcjnm->bcnij", q_c, k_c)
+    scores = scores * ops.tril(ops.ones((chunk, chunk), dtype="float32"))
+    numerator = numerator + ops.einsum("bcnij,bcjnd->bcind", scores, v_c)
+    denominator = denominator + ops.transpose(ops.sum(scores, axis=-1), (0, 1, 3, 2))
+
+    numerator = ops.reshape(numerator, (batch, -1, heads, value_dim))[:, :length]
+    denominator = ops.reshape(denominator, (batch, -1, heads))[:, :length]
+    return numerator, denominator
+
+
+def _exclusive_cumsum(x):
+    """Sums over the chunks strictly before each chunk (axis 1)."""
+    total = ops.cumsum(x, axis=1)
+    return ops.concatenate([ops.zeros_like(total[:, :1]), total[:, :-1]], axis=1)

@@ -1,0 +1,401 @@
+"""FAVOR+ ops against NumPy references: exact attention, explicit kernel matrices, chi(d)."""
+
+import doctest
+
+import keras
+import numpy as np
+import pytest
+import scipy.stats
+from keras import ops
+
+from keras_avae.ops import favor as favor_module
+from keras_avae.ops import favor_attention
+from keras_avae.ops import favor_feature_map
+from keras_avae.ops import orthogonal_random_features
+from tests.test_case import BACKEND
+from tests.test_case import TestCase
+from tests.test_case import to_numpy
+
+# === NumPy references ===
+
+
+def np_features(x, w, kernel="softmax", is_query=True, scale=None, eps=1e-6):
+    """The documented feature map, written out for (B, L, N, d) inputs."""
+    m, d = w.shape
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    x = x * np.sqrt(scale)
+    proj = np.einsum("blnd,md->blnm", x, w)
+    if kernel == "relu":
+        return (np.maximum(proj, 0.0) + eps) / np.sqrt(m)
+    exponent = proj - 0.5 * np.sum(x**2, axis=-1, keepdims=True)
+    axes = (-1,) if is_query else (1, 3)
+    exponent = exponent - exponent.max(axis=axes, keepdims=True)
+    return (np.exp(exponent) + eps) / np.sqrt(m)
+
+
+def np_kernel_attention(q_features, k_features, v, causal=False, key_mask=None):
+    """Quadratic-time linear attention: the explicit (T, S) kernel matrix, normalised."""
+    kernel = np.einsum("btnm,bsnm->bnts", q_features, k_features)
+    if causal:
+        kernel = kernel * np.tril(np.ones(kernel.shape[-2:]))
+    if key_mask is not None:
+        kernel = kernel * key_mask[:, None, None, :]
+    normaliser = kernel.sum(-1).transpose(0, 2, 1)[..., None]
+    # A query without any valid key gets zeros (the documented convention).
+    return np.einsum("bnts,bsnd->btnd", kernel, v) / np.where(normaliser > 0, normaliser, 1.0)
+
+
+def np_softmax_attention(q, k, v, scale=None, causal=False):
+    """Exact `softmax(scale Q K^T) V` for (B, L, N, d) inputs."""
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    logits = scale * np.einsum("btnd,bsnd->bnts", q, k)
+    if causal:
+        logits = np.where(np.tril(np.ones(logits.shape[-2:])) > 0, logits, -np.inf)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    return np.einsum("bnts,bsnd->btnd", weights, v), weights
+
+
+def first_order_mse(q, k, v, num_features, scale=None, causal=False):
+    """Predicted mean squared error of FAVOR+ softmax attention with iid features.
+
+    With `m` iid N(0, I) features each kernel estimate is `K_ij (1 + delta_ij)`
+    with `E delta = 0` and `Cov(delta_ij, delta_il) = expm1((x_i + y_j).(x_i + y_l)) / m`
+    (x, y the scaled query and keys; a Gaussian moment computation). To first
+    order in delta the error of query i is `sum_j a_ij delta_ij (v_j - o_i)`,
+    hence `E|err_i|^2 = sum_jl a_ij a_il Cov(delta_ij, delta_il) (v_j - o_i).(v_l - o_i)`.
+    Orthogonal features can only lower it (Performer paper, Theorem 2).
+    Returns the prediction per batch element, head and query, shape (B, N, T).
+    """
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    out, weights = np_softmax_attention(q, k, v, scale, causal=causal)
+    x, y = q * np.sqrt(scale), k * np.sqrt(scale)
+    z = x[:, :, None] + y[:, None, :]  # (B, T, S, N, d)
+    covariance = np.expm1(np.einsum("btjnd,btlnd->bntjl", z, z)) / num_features
+    deviation = v[:, None, :] - out[:, :, None]  # (B, T, S, N, d_v)
+    gram = np.einsum("btjne,btlne->bntjl", deviation, deviation)
+    return np.einsum("bntj,bntl,bntjl,bntjl->bnt", weights, weights, covariance, gram)
+
+
+def gradients(fn, *args):
+    """Gradients of the scalar `fn(*args)` with respect to every argument, as NumPy."""
+    args = [np.asarray(a, "float32") for a in args]
+    if BACKEND == "jax":
+        import jax
+
+        return [np.asarray(g) for g in jax.grad(fn, argnums=tuple(range(len(args))))(*args)]
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        tensors = [tf.constant(a) for a in args]
+        with tf.GradientTape() as tape:
+            tape.watch(tensors)
+            y = fn(*tensors)
+        return [g.numpy() for g in tape.gradient(y, tensors)]
+    import torch
+
+    tensors = [torch.tensor(a, requires_grad=True) for a in args]
+    fn(*tensors).backward()
+    return [t.grad.numpy() for t in tensors]
+
+
+def random_qkv(seed, batch=2, length=12, heads=2, dim=8, value_dim=5, std=1.0):
+    rng = np.random.default_rng(seed)
+    q = std * rng.normal(size=(batch, length, heads, dim)).astype("float32")
+    k = std * rng.normal(size=(batch, length, heads, dim)).astype("float32")
+    v = rng.normal(size=(batch, length, heads, value_dim)).astype("float32")
+    return q, k, v
+
+
+class TestOrthogonalRandomFeatures(TestCase):
+    @pytest.mark.parametrize("scaling", ["chi", "sqrt"])
+    def test_blocks_are_orthogonal(self, scaling):
+        dim, num_features = 4, 10  # blocks of 4, 4 and 2 rows
+        w = to_numpy(orthogonal_random_features(num_features, dim, seed=3, scaling=scaling))
+        assert w.shape == (num_features, dim)
+        norms = np.linalg.norm(w, axis=1)
+        for start in range(0, num_features, dim):
+            block = w[start : start + dim]
+            gram = block @ block.T
+            np.testing.assert_allclose(gram - np.diag(np.diag(gram)), 0.0, atol=1e-5)
+        if scaling == "sqrt":
+            np.testing.assert_allclose(norms, np.sqrt(dim), rtol=1e-5)
+        else:
+            assert np.unique(np.round(norms, 4)).size == num_features
+
+    def test_chi_norms_follow_chi_distribution(self):
+        # Kolmogorov-Smirnov against chi(d), significance level 0.001.
+        dim = 5
+        w = to_numpy(orthogonal_random_features(2000, dim, seed=0, scaling="chi"))
+        p_value = scipy.stats.kstest(np.linalg.norm(w, axis=1), scipy.stats.chi(dim).cdf).pvalue
+        assert p_value > 1e-3, p_value
+
+    def test_directions_are_isotropic(self):
+        # Haar directions: E[u] = 0 and E[u u^T] = I/d. 1000 independent blocks
+        # of 4 rows; tolerance 5 standard errors of each entry's mean.
+        dim, blocks = 4, 1000
+        w = to_numpy(orthogonal_random_features(blocks * dim, dim, seed=1, scaling="sqrt")) / np.sqrt(dim)
+        per_block_mean = w.reshape(blocks, dim, dim).mean(axis=1)
+        mean, stderr = per_block_mean.mean(0), per_block_mean.std(0) / np.sqrt(blocks)
+        assert np.all(np.abs(mean) < 5 * stderr + 1e-12), (mean, stderr)
+        # Signed first coordinate of row 0 of each block: QR without the sign
+        # fix biases it; Haar makes it symmetric about 0.
+        first = w.reshape(blocks, dim, dim)[:, 0, 0]
+        assert abs(first.mean()) < 5 * first.std() / np.sqrt(blocks)
+
+    def test_seeds(self):
+        a = to_numpy(orthogonal_random_features(6, 3, seed=7))
+        self.assertAllClose(orthogonal_random_features(6, 3, seed=7), a)
+        assert not np.allclose(to_numpy(orthogonal_random_features(6, 3, seed=8)), a)
+        generator = keras.random.SeedGenerator(7)
+        first = to_numpy(orthogonal_random_features(6, 3, seed=generator))
+        second = to_numpy(orthogonal_random_features(6, 3, seed=generator))
+        assert not np.allclose(first, second)
+
+    def test_dtype(self):
+        w = orthogonal_random_features(4, 4, seed=0, dtype="float16")
+        assert keras.backend.standardize_dtype(w.dtype) == "float16"
+
+    @pytest.mark.parametrize(
+        "kwargs, name",
+        [
+            ({"num_features": 0, "dim": 4}, "num_features=0"),
+            ({"num_features": 4, "dim": -1}, "dim=-1"),
+            ({"num_features": 4, "dim": 4, "scaling": "gauss"}, "scaling='gauss'"),
+        ],
+    )
+    def test_bad_arguments(self, kwargs, name):
+        with pytest.raises(ValueError, match=name):
+            orthogonal_random_features(**kwargs)
+
+
+class TestFavorFeatureMap(TestCase):
+    @pytest.mark.parametrize("kernel", ["softmax", "relu"])
+    @pytest.mark.parametrize("is_query", [True, False])
+    def test_matches_numpy(self, kernel, is_query):
+        q, _, _ = random_qkv(0)
+        w = to_numpy(orthogonal_random_features(16, 8, seed=0))
+        actual = favor_feature_map(q, w, kernel=kernel, is_query=is_query, scale=0.3, eps=1e-3)
+        expected = np_features(q, w, kernel, is_query, scale=0.3, eps=1e-3)
+        assert keras.backend.standardize_dtype(actual.dtype) == "float32"
+        self.assertAllClose(actual, expected, atol=1e-6, rtol=1e-4)
+
+    def test_softmax_features_are_unbiased(self):
+        # phi(q).phi(k) exp(c_q + c_k) estimates exp(q.k): the stabilisers c
+        # (recomputed here from the same W) are undone, eps = 0. Each of 2000
+        # independent blocks of 4 orthogonal features gives one estimate; the
+        # mean must lie within 4 standard errors (two-sided level ~6e-5 under
+        # the normal approximation) and the standard error must be small
+        # enough (< 5%) for the check to mean something.
+        dim, blocks = 4, 2000
+        rng = np.random.default_rng(1)
+        q = (0.5 * rng.normal(size=(1, 3, 1, dim))).astype("float32")
+        k = (0.5 * rng.normal(size=(1, 3, 1, dim))).astype("float32")
+        w = to_numpy(orthogonal_random_features(blocks * dim, dim, seed=2))
+        phi_q = to_numpy(favor_feature_map(q, w, is_query=True, scale=1.0, eps=0.0))[0, :, 0]
+        phi_k = to_numpy(favor_feature_map(k, w, is_query=False, scale=1.0, eps=0.0))[0, :, 0]
+        c_q = (q[0, :, 0] @ w.T - 0.5 * np.sum(q[0, :, 0] ** 2, -1, keepdims=True)).max(-1)
+        c_k = (k[0, :, 0] @ w.T - 0.5 * np.sum(k[0, :, 0] ** 2, -1, keepdims=True)).max()
+        for i in range(3):
+            for j in range(3):
+                terms = phi_q[i] * phi_k[j] * np.exp(c_q[i] + c_k) * (blocks * dim)
+                per_block = terms.reshape(blocks, dim).mean(1)
+                estimate, stderr = per_block.mean(), per_block.std(ddof=1) / np.sqrt(blocks)
+                exact = np.exp(q[0, i, 0] @ k[0, j, 0])
+                assert stderr < 0.05 * exact, (i, j, stderr, exact)
+                assert abs(estimate - exact) < 4 * stderr, (i, j, estimate, exact, stderr)
+
+    def test_bad_arguments(self):
+        q, _, _ = random_qkv(0)
+        w = orthogonal_random_features(16, 8, seed=0)
+        with pytest.raises(ValueError, match="kernel='cosine'"):
+            favor_feature_map(q, w, kernel="cosine")
+        with pytest.raises(ValueError, match="eps=-1"):
+            favor_feature_map(q, w, eps=-1)
+        with pytest.raises(ValueError, match="scale=0"):
+            favor_feature_map(q, w, scale=0)
+
+
+class TestFavorAttention(TestCase):
+    def test_converges_to_exact_softmax_attention(self):
+        # The RMS error over 6 seeds falls with m and stays below 1.5x the
+        # first-order prediction for iid features (`first_order_mse`, which
+        # falls as m^-1/2): orthogonal features do no worse, and 1.5 absorbs
+        # the sampling error of an RMS over 6 seeds of a heavy-tailed error.
+        q, k, v = random_qkv(0, std=0.5)
+        exact, _ = np_softmax_attention(q, k, v)
+        errors = []
+        for m in (16, 64, 256, 1024):
+            per_seed = []
+            for seed in range(6):
+                w = orthogonal_random_features(m, 8, seed=seed)
+                per_seed.append(np.linalg.norm(to_numpy(favor_attention(q, k, v, w)) - exact, axis=-1))
+            rms = np.sqrt(np.mean(np.square(per_seed)))
+            predicted = np.sqrt(np.mean(first_order_mse(q, k, v, m)))
+            assert rms < 1.5 * predicted, (m, rms, predicted)
+            errors.append(rms)
+        assert all(a > b for a, b in zip(errors, errors[1:])), errors
+        # m^-1/2 predicts a factor 8; at m=16 the error saturates (outputs are
+        # convex combinations of the values), so ask for 3.
+        assert errors[-1] < errors[0] / 3, errors
+
+    def test_causal_matches_exact_causal_attention(self):
+        q, k, v = random_qkv(1, std=0.5)
+        exact, _ = np_softmax_attention(q, k, v, causal=True)
+        errors = []
+        for seed in range(4):
+            w = orthogonal_random_features(1024, 8, seed=seed)
+            out = to_numpy(favor_attention(q, k, v, w, causal=True))
+            errors.append(np.linalg.norm(out - exact, axis=-1))
+            # The first query attends only to itself: exact.
+            self.assertAllClose(out[:, 0], v[:, 0], atol=1e-5)
+        predicted = np.sqrt(np.mean(first_order_mse(q, k, v, 1024, causal=True)))
+        assert np.sqrt(np.mean(np.square(errors))) < 1.5 * predicted
+
+    @pytest.mark.parametrize("kernel, eps", [("softmax", 0.0), ("relu", 1e-3)])
+    def test_causal_equals_prefix_attention(self, kernel, eps):
+        # With the same features, position t of causal FAVOR+ is non-causal
+        # FAVOR+ on positions 0..t. eps = 0 for softmax: the causal keys'
+        # stabiliser is a max over the whole sequence, not over the prefix.
+        # 300 positions = 3 chunks of 128, the last one padded.
+        length = 300
+        q, k, v = random_qkv(2, length=length)
+        w = orthogonal_random_features(16, 8, seed=0)
+        causal = to_numpy(favor_attention(q, k, v, w, kernel=kernel, causal=True, eps=eps))
+        for t in (0, 128):
+            prefix = favor_attention(q[:, : t + 1], k[:, : t + 1], v[:, : t + 1], w, kernel=kernel, eps=eps)
+            self.assertAllClose(causal[:, t], to_numpy(prefix)[:, -1], atol=1e-5, rtol=1e-4, msg=f"t={t}")
+        full = favor_attention(q, k, v, w, kernel=kernel, eps=eps)
+        self.assertAllClose(causal[:, -1], to_numpy(full)[:, -1], atol=1e-5, rtol=1e-4)
+        # Every position at once: prefix t as a key mask on batch element t
+        # (masking is checked against slicing in the key-mask tests below).
+        prefix_masks = np.tril(np.ones((length, length), bool))
+        q_rows = np.repeat(q[:1], length, axis=0)
+        k_rows = np.repeat(k[:1], length, axis=0)
+        v_rows = np.repeat(v[:1], length, axis=0)
+        prefixes = favor_attention(q_rows, k_rows, v_rows, w, kernel=kernel, key_mask=prefix_masks, eps=eps)
+        diagonal = to_numpy(prefixes)[np.arange(length), np.arange(length)]
+        self.assertAllClose(causal[0], diagonal, atol=1e-5, rtol=1e-4)
+
+    @pytest.mark.parametrize("kernel", ["softmax", "relu"])
+    @pytest.mark.parametrize("causal", [False, True])
+    def test_matches_explicit_kernel_matrix(self, kernel, causal):
+        # Against the quadratic-time formula with the same features: checks
+        # the factorised (and chunked causal) sums, masking included.
+        q, k, v = random_qkv(3, length=300)
+        key_mask = np.ones((2, 300), bool)
+        key_mask[0, 100:] = False
+        key_mask[1, ::3] = False
+        w = to_numpy(orthogonal_random_features(16, 8, seed=0))
+        actual = favor_attention(q, k, v, w, kernel=kernel, causal=causal, key_mask=key_mask, eps=1e-3)
+        q_features = np_features(q, w, kernel, True, eps=1e-3)
+        # Masked keys have zero features and do not enter the keys' stabiliser.
+        k_features = np.zeros(q_features.shape)
+        for b in range(2):
+            valid_keys = k[b][key_mask[b]][None]
+            k_features[b, key_mask[b]] = np_features(valid_keys, w, kernel, False, eps=1e-3)[0]
+        expected = np_kernel_attention(q_features, k_features, v, causal=causal, key_mask=key_mask)
+        self.assertAllClose(actual, expected, atol=1e-5, rtol=1e-4)
+
+    @pytest.mark.parametrize("causal", [False, True])
+    def test_key_mask_equals_dropping_keys(self, causal):
+        q, k, v = random_qkv(4)
+        w = orthogonal_random_features(16, 8, seed=0)
+        # Mask the last 6 keys of element 0 and none of element 1.
+        key_mask = np.ones((2, 12), "float32")
+        key_mask[0, 6:] = 0
+        k_garbage = k.copy()
+        k_garbage[0, 6:] = 50.0  # huge masked keys must not touch the stabiliser
+        masked = to_numpy(favor_attention(q, k_garbage, v, w, causal=causal, key_mask=key_mask))
+        dropped = to_numpy(favor_attention(q[:1, :6], k[:1, :6], v[:1, :6], w, causal=causal))
+        self.assertAllClose(masked[0, :6], dropped[0], atol=1e-6, rtol=1e-5)
+        if not causal:
+            dropped = to_numpy(favor_attention(q[:1], k[:1, :6], v[:1, :6], w))
+            self.assertAllClose(masked[0], dropped[0], atol=1e-6, rtol=1e-5)
+        self.assertAllClose(masked[1], to_numpy(favor_attention(q, k, v, w, causal=causal))[1], atol=1e-6)
+
+    def test_fully_masked_gives_zeros(self):
+        q, k, v = random_qkv(5)
+        w = orthogonal_random_features(16, 8, seed=0)
+        out = to_numpy(favor_attention(q, k, v, w, key_mask=np.zeros((2, 12), bool)))
+        np.testing.assert_array_equal(out, 0.0)
+
+    @pytest.mark.parametrize("kernel, causal", [("softmax", True), ("softmax", False), ("relu", True)])
+    def test_gradients_are_finite(self, kernel, causal):
+        key_mask = np.ones((2, 12), bool)
+        key_mask[0, 5:] = False
+        w = orthogonal_random_features(16, 8, seed=0)
+
+        def loss(q, k, v):
+            out = favor_attention(q, k, v, w, kernel=kernel, causal=causal, key_mask=key_mask)
+            return ops.sum(ops.square(out))
+
+        # std 100: logits of order 1e4, far beyond exp's float32 range.
+        for std in (1.0, 100.0):
+            grads = gradients(loss, *random_qkv(6, std=std))
+            for g in grads:
+                assert np.all(np.isfinite(g)), std
+            assert np.any(grads[0] != 0) and np.any(grads[2] != 0), std
+            # Masked keys get no gradient.
+            np.testing.assert_array_equal(grads[1][0, 5:], 0.0)
+            np.testing.assert_array_equal(grads[2][0, 5:], 0.0)
+
+    @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+    def test_half_precision_inputs(self, dtype):
+        # Internals run in float32; large logits that overflow float16's exp
+        # stay finite, and the result comes back in the query's dtype.
+        q, k, v = random_qkv(7, std=10.0)
+        w = orthogonal_random_features(16, 8, seed=0)
+        out = favor_attention(ops.cast(q, dtype), ops.cast(k, dtype), ops.cast(v, dtype), w, causal=True)
+        assert keras.backend.standardize_dtype(out.dtype) == dtype
+        self.assertAllFinite(out)
+        reference = favor_attention(
+            to_numpy(ops.cast(q, dtype)).astype("float32"),
+            to_numpy(ops.cast(k, dtype)).astype("float32"),
+            to_numpy(ops.cast(v, dtype)).astype("float32"),
+            w,
+            causal=True,
+        )
+        self.assertAllClose(out, reference, atol=0.05, rtol=0.05)
+
+    def test_custom_scale(self):
+        # NonLocalBlock calls it with scale=1 (logits theta^T phi, no 1/sqrt(d)).
+        q, k, v = random_qkv(8, std=0.3)
+        exact, _ = np_softmax_attention(q, k, v, scale=1.0)
+        errors = []
+        for seed in range(4):
+            w = orthogonal_random_features(1024, 8, seed=seed)
+            errors.append(np.linalg.norm(to_numpy(favor_attention(q, k, v, w, scale=1.0)) - exact, axis=-1))
+        predicted = np.sqrt(np.mean(first_order_mse(q, k, v, 1024, scale=1.0)))
+        assert np.sqrt(np.mean(np.square(errors))) < 1.5 * predicted
+
+    def test_causal_length_mismatch_raises(self):
+        q, k, v = random_qkv(0)
+        w = orthogonal_random_features(16, 8, seed=0)
+        with pytest.raises(ValueError, match="causal=True"):
+            favor_attention(q[:, :5], k, v, w, causal=True)
+
+    def test_jit_compiles(self):
+        if BACKEND == "jax":
+            import jax
+
+            compile_fn = jax.jit
+        elif BACKEND == "tensorflow":
+            import tensorflow as tf
+
+            def compile_fn(f):
+                return tf.function(f, jit_compile=True)
+        else:
+            pytest.skip("XLA compilation is for TensorFlow and JAX")
+        q, k, v = random_qkv(9, length=300)
+
+        def fn(q, k, v):
+            w = orthogonal_random_features(16, 8, seed=0)
+            return favor_attention(q, k, v, w, causal=True)
+
+        self.assertAllClose(compile_fn(fn)(q, k, v), fn(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+def test_docstring_examples():
+    results = doctest.testmod(favor_module, optionflags=doctest.ELLIPSIS)
+    assert results.attempted > 0 and results.failed == 0, results
