@@ -317,3 +317,29 @@ def largest_intermediate_size(fn, *args):
             fn(*args)
         return sizes[0]
     raise NotImplementedError(BACKEND)
+
+
+def input_gradient(fn, x):
+    """Gradient of `sum(fn(x))` with respect to the array `x` (any backend)."""
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        x = tf.convert_to_tensor(x)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = ops.sum(fn(x))
+        return tape.gradient(y, x)
+    if BACKEND == "jax":
+        import jax
+
+        def loss(t):
+            # The seed generator's update stays inside the trace.
+            with keras.StatelessScope():
+                return ops.sum(fn(t))
+
+        return jax.jit(jax.grad(loss))(jax.numpy.asarray(x))
+    import torch
+
+    x = torch.tensor(x, requires_grad=True)
+    ops.sum(fn(x)).backward()
+    return x.grad

@@ -111,6 +111,22 @@ class DiscretizedLogisticMixtureDistribution:
     """
 
     def __init__(self, params, num_channels=3, num_bins=256, reference_edge_bug=False):
+        self.check_arguments(num_channels, num_bins, reference_edge_bug)
+        params = _as_tensor(params)
+        per_mixture = _params_per_mixture(num_channels)
+        if len(params.shape) < 3 or not params.shape[-1] or params.shape[-1] % per_mixture:
+            raise ValueError(
+                "`params` must have shape (..., H, W, P) with P a positive multiple of "
+                f"{per_mixture} for num_channels={num_channels}. Received: params.shape={params.shape}"
+            )
+        self.params = params
+        self.num_channels = num_channels
+        self.num_bins = num_bins
+        self.reference_edge_bug = reference_edge_bug
+
+    @staticmethod
+    def check_arguments(num_channels, num_bins, reference_edge_bug):
+        """Raises a ValueError naming the first invalid argument."""
         if isinstance(num_channels, bool) or not isinstance(num_channels, int) or num_channels not in (1, 3):
             raise ValueError(f"`num_channels` must be 1 or 3. Received: num_channels={num_channels}")
         if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 2:
@@ -124,17 +140,6 @@ class DiscretizedLogisticMixtureDistribution:
                 "`reference_edge_bug=True` reproduces the 256-level reference only. "
                 f"Received: num_bins={num_bins}"
             )
-        params = _as_tensor(params)
-        per_mixture = _params_per_mixture(num_channels)
-        if len(params.shape) < 3 or not params.shape[-1] or params.shape[-1] % per_mixture:
-            raise ValueError(
-                "`params` must have shape (..., H, W, P) with P a positive multiple of "
-                f"{per_mixture} for num_channels={num_channels}. Received: params.shape={params.shape}"
-            )
-        self.params = params
-        self.num_channels = num_channels
-        self.num_bins = num_bins
-        self.reference_edge_bug = reference_edge_bug
 
     @staticmethod
     def num_params(num_mixtures, num_channels=3):

@@ -84,24 +84,12 @@ class DiscretizedLogisticMixture(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         _check_positive_int("num_mixtures", num_mixtures)
-        if isinstance(num_channels, bool) or not isinstance(num_channels, int) or num_channels not in (1, 3):
-            raise ValueError(f"`num_channels` must be 1 or 3. Received: num_channels={num_channels}")
-        if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 2:
-            raise ValueError(f"`num_bins` must be an int >= 2. Received: num_bins={num_bins}")
+        DiscretizedLogisticMixtureDistribution.check_arguments(num_channels, num_bins, reference_edge_bug)
         sizes = tuple(kernel_size) if isinstance(kernel_size, (tuple, list)) else (kernel_size,)
         if len(sizes) not in (1, 2):
             raise ValueError(f"`kernel_size` must be an int or 2 ints. Received: kernel_size={kernel_size}")
         for size in sizes:
             _check_positive_int("kernel_size", size)
-        if not isinstance(reference_edge_bug, bool):
-            raise ValueError(
-                f"`reference_edge_bug` must be a bool. Received: reference_edge_bug={reference_edge_bug}"
-            )
-        if reference_edge_bug and num_bins != 256:
-            raise ValueError(
-                "`reference_edge_bug=True` reproduces the 256-level reference only. "
-                f"Received: num_bins={num_bins}"
-            )
         self.num_mixtures = num_mixtures
         self.num_channels = num_channels
         self.num_bins = num_bins

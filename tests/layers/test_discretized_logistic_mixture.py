@@ -7,7 +7,7 @@ from scipy import stats
 
 from keras_avae.distributions import DiscretizedLogisticMixtureDistribution
 from keras_avae.layers import DiscretizedLogisticMixture
-from tests.test_case import BACKEND, TestCase, to_numpy
+from tests.test_case import BACKEND, TestCase, input_gradient, to_numpy
 
 # Significance level of every statistical test in this file (seeds are fixed,
 # so each test is deterministic on a given backend).
@@ -127,26 +127,6 @@ def _tfp_single_channel(params, levels):
     )
     return quantized.log_prob(tf.constant(levels, tf.float64)).numpy()
 
-
-def _gradient(fn, x):
-    """Gradient of `sum(fn(x))` with respect to the array `x`."""
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        x = tf.convert_to_tensor(x)
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = ops.sum(fn(x))
-        return tape.gradient(y, x)
-    if BACKEND == "jax":
-        import jax
-
-        return jax.jit(jax.grad(lambda t: ops.sum(fn(t))))(jax.numpy.asarray(x))
-    import torch
-
-    x = torch.tensor(x, requires_grad=True)
-    ops.sum(fn(x)).backward()
-    return x.grad
 
 
 def _chi_square_p_value(counts, probs, min_expected=5.0):
@@ -390,7 +370,7 @@ class TestDiscretizedLogisticMixtureDistribution(TestCase):
             return DiscretizedLogisticMixtureDistribution(p, num_channels=3).log_prob(x)
 
         assert np.all(np.isfinite(to_numpy(log_prob(params))))
-        grad = to_numpy(_gradient(log_prob, params))
+        grad = to_numpy(input_gradient(log_prob, params))
         assert np.all(np.isfinite(grad))
         assert np.abs(grad).max() > 0
 

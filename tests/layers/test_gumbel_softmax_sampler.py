@@ -5,7 +5,7 @@ from keras import ops
 from scipy import stats
 
 from keras_avae.layers import GumbelSoftmaxSampler
-from tests.test_case import BACKEND, TestCase, to_numpy
+from tests.test_case import BACKEND, TestCase, input_gradient, to_numpy
 
 # Significance level of every statistical test in this file. The seeds are
 # fixed, so each test is deterministic on a given backend; ALPHA bounds the
@@ -20,31 +20,6 @@ LOGITS = np.log(PROBS) + 1.7
 def _tiled_logits(n, logits=LOGITS):
     return np.tile(logits, (n, 1)).astype("float32")
 
-
-def _gradient(fn, x):
-    """Gradient of `sum(fn(x))` with respect to the array `x`."""
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        x = tf.convert_to_tensor(x)
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = ops.sum(fn(x))
-        return tape.gradient(y, x)
-    if BACKEND == "jax":
-        import jax
-
-        def loss(t):
-            # The seed generator's update stays inside the trace.
-            with keras.StatelessScope():
-                return ops.sum(fn(t))
-
-        return jax.grad(loss)(jax.numpy.asarray(x))
-    import torch
-
-    x = torch.tensor(x, requires_grad=True)
-    ops.sum(fn(x)).backward()
-    return x.grad
 
 
 class TestGumbelSoftmaxSampler(TestCase):
@@ -156,8 +131,8 @@ class TestGumbelSoftmaxSampler(TestCase):
             layer = GumbelSoftmaxSampler(temperature=temperature, hard=hard, seed=9)
             return lambda t: ops.multiply(layer(t), weights)
 
-        soft_grad = to_numpy(_gradient(weighted(False), logits))
-        hard_grad = to_numpy(_gradient(weighted(True), logits))
+        soft_grad = to_numpy(input_gradient(weighted(False), logits))
+        hard_grad = to_numpy(input_gradient(weighted(True), logits))
         # Closed form: d/dl sum(w * softmax((l + g) / tau)) = y * (w - y.w) / tau.
         y = to_numpy(GumbelSoftmaxSampler(temperature=temperature, seed=9)(logits))
         expected = y * (weights - np.sum(y * weights, -1, keepdims=True)) / temperature

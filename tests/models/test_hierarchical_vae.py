@@ -104,14 +104,17 @@ class TestHierarchicalVAE(TestCase):
         assert np.max(np.abs(opened["kl"] - before["kl"])) > 1e-3
 
     def test_tiny_model_overfits_a_batch(self):
-        model = HierarchicalVAE(**dict(TINY, preprocess_filters=8, decoder_filters=8, latent_channels=4))
+        config = dict(TINY, num_layers=2, preprocess_filters=8, decoder_filters=8, latent_channels=4)
+        model = HierarchicalVAE(**dict(config, nonlocal_blocks=("merge",)))
         x = shapes_batch(16)
-        model.compile(optimizer=keras.optimizers.Adamax(1e-2))
-        history = model.fit(x, batch_size=16, epochs=150, verbose=0)
+        model.compile(optimizer=keras.optimizers.Adamax(2e-2))
+        history = model.fit(x, batch_size=16, epochs=60, verbose=0)
         nelbo = history.history["nelbo"]
         assert np.isfinite(nelbo).all()
-        # 64 pixels of structured binary images: from ~45 nats to a fraction.
-        assert nelbo[-1] < nelbo[0] / 2.5, (nelbo[0], nelbo[-1])
+        # 64 structured binary pixels: ~50 nats at initialisation, ~26 after
+        # 60 steps on every backend (measured); a broken gradient path stalls
+        # near 44 (independent pixels at their mean).
+        assert nelbo[-1] < nelbo[0] / 1.6, (nelbo[0], nelbo[-1])
         assert set(history.history) >= {"loss", "nelbo", "reconstruction", "kl", "bits_per_dim", "kl_0", "kl_2"}
 
     def test_importance_sampling_tightens_the_bound(self):

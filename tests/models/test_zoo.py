@@ -3,6 +3,7 @@
 import json
 import pathlib
 
+import keras
 import numpy as np
 import pytest
 
@@ -81,6 +82,10 @@ PUBLISHED = [
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    keras.backend.backend() == "torch",
+    reason="the count is backend-independent; fidelity is checked on TensorFlow and JAX (zoo support matrix)",
+)
 @pytest.mark.parametrize("name,published,tolerance", PUBLISHED)
 def test_full_size_parameter_counts_match_the_paper(name, published, tolerance):
     count = trainable_count(keras_avae.zoo.load(name))
