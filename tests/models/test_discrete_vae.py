@@ -31,7 +31,9 @@ class TestDiscreteVAE(TestCase):
         schedule = GumbelTemperatureSchedule(initial=1.0, minimum=0.5, rate=0.01, update_every=10)
         history = model.fit(x, batch_size=16, epochs=80, verbose=0, callbacks=[schedule])
         nelbo = history.history["nelbo"]
-        assert nelbo[-1] < 0.7 * nelbo[0], (nelbo[0], nelbo[-1])
+        # ~44.6 nats at initialisation (pixels at their mean), 30-32 after 80
+        # steps on every backend (measured); a broken gradient stays near 44.
+        assert nelbo[-1] < 0.8 * nelbo[0], (nelbo[0], nelbo[-1])
         np.testing.assert_allclose(float(to_numpy(model.temperature)), schedule.temperature_at(79), rtol=1e-6)
         assert float(to_numpy(model.temperature)) < 1.0
 
