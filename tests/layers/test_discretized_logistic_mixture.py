@@ -1,7 +1,6 @@
 import keras
 import numpy as np
 import pytest
-from keras import ops
 from scipy import special
 from scipy import stats
 
