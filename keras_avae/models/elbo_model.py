@@ -76,7 +76,7 @@ class ELBOModel(keras.Model):
         layer_kl = ops.mean(y_pred["kl_per_layer"], axis=0)
         for i, tracker in enumerate(self.layer_kl_trackers):
             tracker.update_state(layer_kl[i])
-        return loss
+        return _scale_loss_for_distribution(loss)
 
     def log_likelihood(self, x, num_samples=100, chunk_size=None):
         """Importance-sampled marginal log-likelihood `log p(x)` in nats, `(B,)`.
@@ -86,3 +86,21 @@ class ELBOModel(keras.Model):
         """
         x = self._check_images(x)
         return importance_sampled_log_likelihood(self, x, num_samples=num_samples, chunk_size=chunk_size)
+
+
+def _scale_loss_for_distribution(loss):
+    """Divides the per-replica loss by the replicas of a `tf.distribute` strategy.
+
+    Each replica's gradients are summed across replicas, so, as Keras' own
+    compiled losses do, the loss of a replica's share of the global batch is
+    scaled by `1 / num_replicas_in_sync` (Keras' loss tracker undoes it for
+    the logs). The identity without a strategy and on the other backends.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return loss
+    import tensorflow as tf
+
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    if replicas > 1:
+        loss = loss * (1.0 / replicas)
+    return loss

@@ -1,0 +1,592 @@
+"""keras_avae.training: schedules, KL warm-up, the non-finite guard, PNG
+grids, checkpoints that survive SIGKILL, and tf.distribute (2 logical CPUs,
+two workers on 127.0.0.1).
+
+Runs that need a fresh interpreter (TensorFlow device set-up, a cluster, a
+process to kill) go through `tests/training_helper.py`.
+"""
+
+import importlib.util
+import json
+import math
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import zlib
+
+import keras
+import numpy as np
+import pytest
+
+from keras_avae import training
+from keras_avae import zoo
+
+BACKEND = keras.backend.backend()
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+tf_only = pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute needs the TensorFlow backend")
+
+
+def numpy_of(x):
+    return np.asarray(keras.ops.convert_to_numpy(x))
+
+
+# ---------------------------------------------------------------------- #
+# Schedules and recipe
+# ---------------------------------------------------------------------- #
+
+
+def reference_schedule(steps, peak, warmup, decay, start, low, restart=None):
+    """DESIGN §5 written out in NumPy, piece by piece."""
+    steps = np.asarray(steps, dtype=np.float64)
+    out = np.empty_like(steps)
+    warm = steps < warmup
+    out[warm] = start + (peak - start) * steps[warm] / warmup
+    cycles = [(warmup, warmup + decay)] if restart is None else [(warmup, restart), (restart, warmup + decay)]
+    for i, (begin, end) in enumerate(cycles):
+        last = i == len(cycles) - 1
+        inside = (steps >= begin) & ((steps < end) | last)
+        fraction = np.clip((steps[inside] - begin) / (end - begin), 0.0, 1.0)
+        out[inside] = low + (peak - low) * 0.5 * (1.0 + np.cos(np.pi * fraction))
+    return out
+
+
+@pytest.mark.parametrize("restart", [None, 60])
+def test_schedule_matches_numpy_formula(restart):
+    schedule = training.WarmupCosineDecay(
+        1e-2, warmup_steps=20, decay_steps=100, initial_learning_rate=1e-4, min_learning_rate=2e-4, restart_step=restart
+    )
+    steps = np.arange(0, 140)
+    got = np.array([float(numpy_of(schedule(s))) for s in steps])
+    expected = reference_schedule(steps, 1e-2, 20, 100, 1e-4, 2e-4, restart)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-9)
+    # Landmarks: start, the peak after the warm-up, the floor at the end.
+    assert got[0] == pytest.approx(1e-4)
+    assert got[20] == pytest.approx(1e-2)
+    assert got[139] == pytest.approx(2e-4)
+    if restart is None:
+        assert got[70] == pytest.approx((1e-2 + 2e-4) / 2, rel=1e-5)  # half way down
+    else:
+        assert got[59] < 1e-3 and got[60] == pytest.approx(1e-2)  # the warm restart
+    # The schedule is a function of the step tensor too (as the optimizer calls it).
+    assert float(numpy_of(schedule(keras.ops.convert_to_tensor(20)))) == pytest.approx(1e-2)
+
+
+def test_schedule_config_round_trip_and_errors():
+    schedule = training.WarmupCosineDecay(1e-2, 5, 10, 1e-4, 1e-4, restart_step=9)
+    clone = training.WarmupCosineDecay.from_config(schedule.get_config())
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
+    for s in range(20):
+        assert float(numpy_of(clone(s))) == float(numpy_of(schedule(s))) == float(numpy_of(restored(s)))
+    with pytest.raises(ValueError, match="min_learning_rate"):
+        training.WarmupCosineDecay(1e-3, 0, 10, min_learning_rate=1e-2)
+    with pytest.raises(ValueError, match="restart_step=3"):
+        training.WarmupCosineDecay(1e-3, 5, 10, restart_step=3)
+    with pytest.raises(ValueError, match="warmup_steps=-1"):
+        training.WarmupCosineDecay(1e-3, -1, 10)
+
+
+def test_recipe_schedule_and_optimizer():
+    recipe = training.resolve_recipe("cifar10-attentive", epochs=900, restart_epochs=300, global_clipnorm=200.0)
+    schedule = training.make_schedule(recipe, steps_per_epoch=10)
+    assert (schedule.warmup_steps, schedule.decay_steps, schedule.restart_step) == (50, 8950, 3000)
+    assert schedule.initial_learning_rate == schedule.min_learning_rate == 1e-4
+    # A smoke run shorter than the warm-up stays in it; a restart past the end is dropped.
+    short = training.make_schedule(recipe, steps_per_epoch=10, epochs=2)
+    assert (short.warmup_steps, short.decay_steps, short.restart_step) == (50, 0, None)
+
+    optimizer = training.make_optimizer(recipe, steps_per_epoch=10)
+    inner = optimizer.inner_optimizer
+    assert isinstance(optimizer, training.NonFiniteGuard) and isinstance(inner, keras.optimizers.Adamax)
+    assert (inner.beta_1, inner.beta_2, inner.epsilon, inner.global_clipnorm) == (0.9, 0.999, 1e-3, 200.0)
+    assert isinstance(inner._learning_rate, training.WarmupCosineDecay)
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(optimizer))
+    assert isinstance(restored, training.NonFiniteGuard)
+    assert restored.inner_optimizer._learning_rate.get_config() == inner._learning_rate.get_config()
+
+    # mnist-gumbel: Adam, no warm-up keys: a constant rate.
+    gumbel = training.make_optimizer(training.resolve_recipe("mnist-gumbel"), 10, guard=False)
+    assert isinstance(gumbel, keras.optimizers.Adam)
+    assert float(numpy_of(gumbel._learning_rate(0))) == float(numpy_of(gumbel._learning_rate(10**6))) == pytest.approx(1e-3)
+
+    with pytest.raises(ValueError, match="Unknown training recipe key"):
+        training.resolve_recipe("mnist-baseline", learning_rat=1.0)
+    with pytest.raises(ValueError, match="optimizer='sgd'"):
+        training.make_optimizer(training.resolve_recipe(None, optimizer="sgd"), 10)
+    assert training.split_overrides("mnist-baseline", {"num_layers": 2, "epochs": 3, "kl_min": 0.2}) == (
+        {"num_layers": 2},
+        {"epochs": 3, "kl_min": 0.2},
+    )
+    with pytest.raises(ValueError, match="Unknown override 'bogus'"):
+        training.split_overrides("mnist-baseline", {"bogus": 1})
+
+
+# ---------------------------------------------------------------------- #
+# KL warm-up
+# ---------------------------------------------------------------------- #
+
+
+class KLModel(keras.Model):
+    """A regression model with the `kl_weight` variable of ELBO models."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(1)
+        self.kl_weight = self.add_weight(name="kl_weight", shape=(), initializer="ones", trainable=False)
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def test_kl_warmup_values_and_resume():
+    warmup = training.KLWarmup(warmup_epochs=16, kl_min=0.1)
+    epochs = np.arange(24)
+    expected = np.minimum(1.0, 0.1 + 0.9 * epochs / 16)
+    np.testing.assert_allclose([warmup.beta(e) for e in epochs], expected, rtol=0, atol=1e-12)
+    assert training.KLWarmup(0, 0.1).beta(0) == 1.0
+
+    model = KLModel()
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((8, 2), "float32"), np.zeros((8, 1), "float32")
+    values = []
+
+    class PerEpoch(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 0:
+                values.append(float(numpy_of(self.model.kl_weight)))
+
+    model.fit(x, y, batch_size=4, epochs=3, callbacks=[warmup, PerEpoch()], verbose=0)
+    np.testing.assert_allclose(values, expected[:3], rtol=1e-6)
+    # A run resumed at epoch 5 trains that epoch with beta(5), whatever the
+    # variable held before.
+    model.kl_weight.assign(0.0)
+    values.clear()
+    model.fit(x, y, batch_size=4, initial_epoch=5, epochs=7, callbacks=[warmup, PerEpoch()], verbose=0)
+    np.testing.assert_allclose(values, expected[5:7], rtol=1e-6)
+    with pytest.raises(ValueError, match="kl_min=1.5"):
+        training.KLWarmup(16, 1.5)
+
+
+# ---------------------------------------------------------------------- #
+# Non-finite guard
+# ---------------------------------------------------------------------- #
+
+
+def bn_regression_model():
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(8), keras.layers.BatchNormalization(), keras.layers.Dense(1)]
+    )
+    model.compile(optimizer=training.NonFiniteGuard(keras.optimizers.Adamax(1e-2)), loss="mse")
+    return model
+
+
+def regression_data(nan_rows=(), n=32, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 4)).astype("float32")
+    y = (x @ rng.normal(size=(4, 1))).astype("float32")
+    for row in nan_rows:
+        x[row, 1] = np.nan
+    return x, y
+
+
+class RecordState(keras.callbacks.Callback):
+    """Every model and optimizer variable after each batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.states = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        if hasattr(self.model, "jax_state_sync"):
+            self.model.jax_state_sync()
+        guard = training.find_guard(self.model.optimizer)
+        self.states.append(
+            {
+                "model": [numpy_of(v).copy() for v in self.model.weights],
+                "optimizer": [
+                    numpy_of(v).copy() for v in self.model.optimizer.variables if v is not guard.nonfinite_steps
+                ],
+            }
+        )
+
+
+def test_guard_skips_an_injected_nan_batch():
+    model = bn_regression_model()
+    x, y = regression_data(nan_rows=[2 * 8 + 3])  # batch 2 of 4 holds a NaN
+    record = RecordState()
+    monitor = training.NonFiniteMonitor(max_nonfinite_steps=5, verbose=False)
+    history = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, callbacks=[monitor, record], verbose=0)
+    before, bad, after = record.states[1:4]
+    # The NaN step changed nothing: weights, batch-norm statistics, optimizer
+    # moments and iteration count are bit for bit those of the step before.
+    for group in ("model", "optimizer"):
+        for a, b in zip(before[group], bad[group]):
+            np.testing.assert_array_equal(a, b)
+    # Training went on: the next (finite) step updated the weights.
+    assert any(not np.array_equal(a, b) for a, b in zip(bad["model"], after["model"]))
+    guard = model.optimizer
+    assert int(numpy_of(guard.nonfinite_steps)) == 1
+    assert int(numpy_of(guard.iterations)) == 3
+    assert all(np.isfinite(numpy_of(w)).all() for w in model.weights)
+    # The epoch's metrics average the finite steps only.
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_monitor_stops_after_max_nonfinite_steps(capsys):
+    model = bn_regression_model()
+    x, y = regression_data(nan_rows=[1 * 8, 3 * 8])
+    monitor = training.NonFiniteMonitor(max_nonfinite_steps=1)
+    model.fit(x, y, batch_size=8, epochs=3, shuffle=False, callbacks=[monitor], verbose=0)
+    assert model.stop_training
+    assert "max_nonfinite_steps=1" in monitor.stopped_message and "epoch 1, batch 4" in monitor.stopped_message
+    assert int(numpy_of(model.optimizer.nonfinite_steps)) == 2
+    assert int(numpy_of(model.optimizer.iterations)) == 2
+    out = capsys.readouterr().out
+    assert "skipped a training step" in out and "Training stopped" in out
+    with pytest.raises(ValueError, match="NonFiniteGuard"):
+        plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        plain.compile(optimizer="sgd", loss="mse")
+        plain.fit(x[:8], y[:8], callbacks=[training.NonFiniteMonitor()], verbose=0)
+
+
+def test_guard_state_saves_and_loads(tmp_path):
+    model = bn_regression_model()
+    x, y = regression_data(nan_rows=[0])
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded.optimizer, training.NonFiniteGuard)
+    assert int(numpy_of(loaded.optimizer.nonfinite_steps)) == 1
+    assert int(numpy_of(loaded.optimizer.iterations)) == 3
+    with pytest.raises(ValueError, match="inner optimizer"):
+        training.NonFiniteGuard(keras.optimizers.SGD(), global_clipnorm=1.0)
+
+
+# ---------------------------------------------------------------------- #
+# Checkpoints
+# ---------------------------------------------------------------------- #
+
+
+def test_checkpoint_commit_is_atomic(tmp_path):
+    model = bn_regression_model()
+    x, y = regression_data()
+    backup = training.AtomicBackupAndRestore(tmp_path / "backup", save_freq=3, steps_per_epoch=4)
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, callbacks=[backup], verbose=0)
+    state = backup.read_state()
+    assert (state["epoch"], state["step"], state["iterations"]) == (2, 0, 8)
+    assert sorted(p.name for p in (tmp_path / "backup").iterdir()) == [
+        "checkpoint.json",
+        "ckpt-e000002-s00000000.weights.h5",
+    ]
+    committed = [numpy_of(w).copy() for w in model.weights]
+
+    # A crash while the next checkpoint is written (here: half a file, then
+    # an exception where a SIGKILL would be) leaves the committed one.
+    model.fit(x[:8], y[:8], batch_size=8, epochs=1, verbose=0)
+
+    def crash(path, **kwargs):
+        with open(path, "wb") as f:
+            f.write(b"\x89HDF\r\n half a checkpoint")
+        raise KeyboardInterrupt("killed while saving")
+
+    real_save = model.save_weights
+    model.save_weights = crash
+    with pytest.raises(KeyboardInterrupt):
+        backup._save(3, 0)
+    model.save_weights = real_save
+    assert backup.read_state() == state
+
+    fresh = bn_regression_model()
+    restored = training.AtomicBackupAndRestore(tmp_path / "backup").restore(fresh)
+    assert restored["iterations"] == 8 and int(numpy_of(fresh.optimizer.iterations)) == 8
+    for a, b in zip(committed, fresh.weights):
+        np.testing.assert_array_equal(a, numpy_of(b))
+
+    # A mid-epoch checkpoint records the step inside the epoch.
+    backup.step_offset = 0
+    model.fit(x[:24], y[:24], batch_size=8, epochs=1, shuffle=False, callbacks=[backup], verbose=0)
+    assert (backup.read_state()["epoch"], backup.read_state()["step"]) == (0, 3)  # 3 of 4 steps
+
+    # An optimizer that does not match the checkpoint is an error, not a warning.
+    other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.BatchNormalization(), keras.layers.Dense(1)])
+    other.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(RuntimeError, match="restore"):
+        training.AtomicBackupAndRestore(tmp_path / "backup").restore(other)
+
+
+# ---------------------------------------------------------------------- #
+# PNG
+# ---------------------------------------------------------------------- #
+
+
+def decode_png(data):
+    """A minimal PNG reader (8-bit grey/RGB, filter 0) to check the writer."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, chunks = 8, {}
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        tag, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
+        assert crc == zlib.crc32(tag + body) & 0xFFFFFFFF
+        chunks[tag] = chunks.get(tag, b"") + body
+        pos += 12 + length
+    width, height, depth, color = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
+    channels = {0: 1, 2: 3}[color]
+    raw = np.frombuffer(zlib.decompress(chunks[b"IDAT"]), "uint8").reshape(height, 1 + width * channels)
+    assert depth == 8 and (raw[:, 0] == 0).all()
+    return raw[:, 1:].reshape(height, width, channels)
+
+
+def test_png_writer_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    for shape in [(5, 7), (5, 7, 1), (4, 6, 3)]:
+        image = rng.integers(0, 256, shape).astype("uint8")
+        decoded = decode_png(training.encode_png(image))
+        np.testing.assert_array_equal(decoded.reshape(image.shape), image)
+    rows = [rng.random((3, 4, 4, 1)), rng.random((2, 4, 4, 1))]
+    path = tmp_path / "grid.png"
+    training.save_image_grid(path, rows, padding=1)
+    grid = decode_png(path.read_bytes())
+    assert grid.shape == (2 * 5 + 1, 3 * 5 + 1, 1)
+    np.testing.assert_array_equal(grid[1:5, 1:5, 0], np.round(rows[0][0, ..., 0] * 255).astype("uint8"))
+    assert (grid[0] == 255).all() and (grid[6:10, 11:15] == 255).all()  # padding, missing cell
+    # [-1, 1] images (the logistic-mixture models) map onto 0..255 too.
+    grid = training.image_grid([-np.ones((1, 2, 2, 3))], padding=0, value_range=(-1.0, 1.0))
+    assert (grid == 0).all()
+    with pytest.raises(ValueError, match="uint8"):
+        training.encode_png(np.zeros((2, 2)))
+
+
+# ---------------------------------------------------------------------- #
+# Strategies
+# ---------------------------------------------------------------------- #
+
+
+def test_make_strategy_arguments():
+    with pytest.raises(ValueError, match="kind='ring'"):
+        training.make_strategy("ring")
+    with pytest.raises(ValueError, match="cpu_devices=0"):
+        training.make_strategy("auto", cpu_devices=0)
+    if BACKEND != "tensorflow":
+        with pytest.raises(ValueError, match="TensorFlow backend"):
+            training.make_strategy("mirrored")
+        assert training.make_strategy("auto") is None
+        return
+    import tensorflow as tf
+
+    tf.constant(1.0)  # TensorFlow is initialised from here on
+    existing = len(tf.config.list_logical_devices("CPU"))
+    with pytest.raises(RuntimeError, match="before anything creates a TensorFlow"):
+        training.make_strategy("mirrored", cpu_devices=existing + 1)
+    strategy = training.make_strategy("one-device")
+    assert strategy.num_replicas_in_sync == 1 and training.is_chief(strategy)
+
+
+# ---------------------------------------------------------------------- #
+# train() end to end, in process
+# ---------------------------------------------------------------------- #
+
+TINY = dict(
+    image_shape=[8, 8, 1],
+    num_layers=2,
+    latent_channels=2,
+    num_scales=1,
+    preprocess_filters=4,
+    decoder_filters=4,
+    preprocess_cells=1,
+    postprocess_cells=1,
+    cells_per_layer=1,
+    crop=0,
+)
+
+
+@pytest.mark.slow
+def test_train_writes_everything_and_guards_nan(tmp_path):
+    rng = np.random.default_rng(0)
+    x = (rng.random((24, 8, 8, 1)) > 0.5).astype("float32")
+    x[-1, 3, 3, 0] = np.nan  # one bad image: one skipped step per epoch
+    out = tmp_path / "run"
+    kwargs = dict(batch_size=8, config_overrides=TINY, verbose=0, jit_compile=False, num_images=4)
+    model = training.train("mnist-baseline", x, out, epochs=2, **kwargs)
+
+    guard = model.optimizer
+    assert int(numpy_of(guard.nonfinite_steps)) == 2
+    assert int(numpy_of(guard.iterations)) == 2 * 3 - 2
+    assert float(numpy_of(model.kl_weight)) == pytest.approx(0.1 + 0.9 / 16)
+    for name in ("model.keras", "model.weights.h5", "history.csv", "run.json", "samples/epoch_0002.png"):
+        assert (out / name).is_file(), name
+    rows = (out / "history.csv").read_text().strip().splitlines()
+    header = rows[0].split(",")
+    assert len(rows) == 3 and {"nelbo", "kl_0", "kl_weight", "learning_rate", "nonfinite_steps"} <= set(header)
+    last = dict(zip(header, rows[-1].split(",")))
+    assert last["nonfinite_steps"] == "2" and math.isfinite(float(last["nelbo"]))
+    if importlib.util.find_spec("tensorboard") is not None:
+        assert list((out / "logs" / "train").glob("events.out.tfevents.*"))
+    grid = decode_png((out / "samples" / "epoch_0001.png").read_bytes())
+    assert grid.shape == (3 * 9 + 1, 4 * 9 + 1, 1)  # samples, images, reconstructions
+
+    # The saved model and weights load, with every state finite (the NaN
+    # batches left no trace in the batch-norm statistics).
+    loaded = keras.saving.load_model(out / "model.keras")
+    assert isinstance(loaded.optimizer, training.NonFiniteGuard)
+    reloaded = zoo.load("mnist-baseline", weights=out / "model.weights.h5", **TINY)
+    for a, b in zip(model.weights, reloaded.weights):
+        np.testing.assert_array_equal(numpy_of(a), numpy_of(b))
+        assert np.isfinite(numpy_of(b)).all()
+    assert np.isfinite(numpy_of(reloaded.reconstruct(x[:4]))).all()
+
+    # The same call again is a no-op; more epochs continue the run; other
+    # settings are refused.
+    again = training.train("mnist-baseline", x, out, epochs=2, **kwargs)
+    assert int(numpy_of(again.optimizer.iterations)) == 4
+    assert len((out / "history.csv").read_text().strip().splitlines()) == 3
+    with pytest.raises(ValueError, match="other settings"):
+        training.train("mnist-baseline", x, out, epochs=2, learning_rate=1e-3, **kwargs)
+    # Too many bad steps: a clear error; the checkpoint keeps the finite state.
+    with pytest.raises(training.NonFiniteTrainingError, match="max_nonfinite_steps=0") as stopped:
+        training.train("mnist-baseline", x, tmp_path / "strict", epochs=2, max_nonfinite_steps=0, **kwargs)
+    assert not (tmp_path / "strict" / "model.keras").exists()
+    state = json.loads((tmp_path / "strict" / "backup" / "checkpoint.json").read_text())
+    batch = int(str(stopped.value).split("epoch 1, batch ")[1].split(")")[0])  # where the NaN batch fell
+    assert state["epoch"] * 3 + state["step"] == batch  # the steps run before the stop, no more
+    assert state["iterations"] == batch - 1
+
+
+# ---------------------------------------------------------------------- #
+# Subprocess runs: tf.distribute and SIGKILL
+# ---------------------------------------------------------------------- #
+
+
+@pytest.fixture
+def helper():
+    """Starts `tests/training_helper.py` runs; kills any left at teardown
+    (a worker whose peer died waits for it forever)."""
+    started = []
+
+    def start(*args, env=None):
+        command = [sys.executable, "-m", "tests.training_helper", *map(str, args)]
+        environment = {**os.environ, "PYTHONPATH": REPO, **(env or {})}
+        process = subprocess.Popen(
+            command, cwd=REPO, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def result_of(process, timeout=900):
+    output, _ = process.communicate(timeout=timeout)
+    assert process.returncode == 0, output[-4000:]
+    line = next(line for line in output.splitlines() if line.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
+
+
+@tf_only
+@pytest.mark.slow
+def test_mirrored_step_on_two_cpus_equals_one_device(tmp_path, helper):
+    """One step on 2 replicas (4 + 4 images) == one step on one device (8 images).
+
+    Exact up to float32 summation order; the helper's docstring explains why
+    latent noise is replaced by common random numbers. Training on half the
+    batch must differ, so the comparison can fail. Then a NaN in one
+    replica's share must make both replicas skip the step.
+    """
+    result = result_of(helper("mirrored-step", tmp_path / "state.json"))
+    assert result["replicas"] == 2
+    data = json.loads((tmp_path / "state.json").read_text())
+    assert data["synchronized_batch_norm"] is True
+    losses = data["losses"]
+    assert losses["mirrored"] == pytest.approx(losses["single"], rel=1e-6)  # logged loss is not doubled
+    states = data["states"]
+    for group in ("trainable", "non_trainable", "optimizer"):
+        pairs = list(zip(states["mirrored"][group], states["single"][group]))
+        assert len(pairs) == len(states["single"][group]) > 0
+        for (path, a), (_, b) in pairs:
+            np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-4, atol=2e-6, err_msg=path)
+    differences = [
+        np.max(np.abs(np.array(a) - np.array(b)))
+        for (_, a), (_, b) in zip(states["mirrored"]["optimizer"], states["half"]["optimizer"])
+        if np.size(a)
+    ]
+    assert max(differences) > 1e-2
+    # A NaN in one replica's share: both replicas skipped the step.
+    assert data["nan_step"] == {"unchanged": True, "finite": True, "nonfinite_steps": 1, "iterations": 1}
+
+
+def free_ports(n):
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@tf_only
+@pytest.mark.slow
+def test_two_worker_training_on_localhost(tmp_path, helper):
+    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    out = tmp_path / "run"
+    processes = []
+    for index in range(2):
+        config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        processes.append(
+            helper("train", out, 2, "--strategy", "multi-worker", env={"TF_CONFIG": json.dumps(config)})
+        )
+    results = [result_of(p) for p in processes]
+    assert [r["chief"] for r in results] == [True, False]
+    for r in results:
+        assert r["replicas"] == 2 and r["iterations"] == 2 * 3 and r["finite"]
+        assert r["kl_weight"] == pytest.approx(0.1 + 0.9 / 16)
+    assert (out / "model.keras").is_file() and (out / "backup" / "checkpoint.json").is_file()
+    assert len((out / "history.csv").read_text().strip().splitlines()) == 3
+
+
+@pytest.mark.slow
+def test_sigkill_then_restart_resumes_exactly(tmp_path, helper):
+    """Kill -9 after the first checkpoint, run the same command again.
+
+    Epochs of 3 steps, a checkpoint every 2 steps and at each epoch end, so
+    the kill can land mid-epoch. The restarted run must train exactly the
+    steps the checkpoint did not hold, and end where an uninterrupted run
+    ends: same optimizer step count, KL coefficient and learning rate, one
+    history row per epoch.
+    """
+    epochs, steps_per_epoch = 3, 3
+    total = epochs * steps_per_epoch
+    killed, reference = tmp_path / "killed", tmp_path / "reference"
+    pointer = killed / "backup" / "checkpoint.json"
+
+    uninterrupted = helper("train", reference, epochs, "--save-freq", 2)  # runs alongside
+    process = helper("train", killed, epochs, "--save-freq", 2, env={"KAVAE_TEST_BATCH_DELAY": "0.5"})
+    deadline = time.time() + 500
+    while not pointer.exists():
+        assert process.poll() is None, process.communicate()[0][-4000:]
+        assert time.time() < deadline, "no checkpoint"
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.communicate()
+    assert process.returncode == -signal.SIGKILL
+    state = json.loads(pointer.read_text())
+    done = state["epoch"] * steps_per_epoch + state["step"]
+    assert 0 < done < total and state["iterations"] == done
+
+    resumed = result_of(helper("train", killed, epochs, "--save-freq", 2))
+    uninterrupted = result_of(uninterrupted)
+    assert resumed["batches"] == total - done  # nothing lost, nothing trained twice
+    assert resumed["iterations"] == uninterrupted["iterations"] == total
+    assert resumed["kl_weight"] == uninterrupted["kl_weight"] == pytest.approx(0.1 + 0.9 * 2 / 16)
+    assert resumed["learning_rate"] == pytest.approx(uninterrupted["learning_rate"])
+    epochs_logged = [row.split(",")[0] for row in (killed / "history.csv").read_text().strip().splitlines()[1:]]
+    assert epochs_logged == ["0", "1", "2"]
+    assert (killed / "model.keras").is_file() and resumed["finite"]
