@@ -87,12 +87,41 @@ def config(name, **overrides):
     return cfg
 
 
-def load(name, weights=None, **overrides):
+# Overrides that do not change the architecture, so pretrained weights fit.
+_NEUTRAL_OVERRIDES = {"seed", "name", "dtype"}
+
+
+def has_pretrained(name):
+    """Whether entry `name` ships trained weights (`load(name, "pretrained")`)."""
+    return bool(_get(name).get("weights"))
+
+
+def pretrained_path(name):
+    """The installed `.weights.h5` file of a trained entry.
+
+    Raises:
+        ValueError: when the entry has no trained weights (the message lists
+            the entries that do).
+    """
+    entry = _get(name)
+    if not entry.get("weights"):
+        trained = [n for n in names() if has_pretrained(n)]
+        raise ValueError(
+            f"Zoo entry {name!r} has no pretrained weights. Entries with weights: "
+            f"{', '.join(trained) or 'none'}. Received: name={name!r}, weights='pretrained'"
+        )
+    return _entry_dir() / entry["weights"]["file"]
+
+
+def load(name, weights="default", **overrides):
     """Builds the model of zoo entry `name`.
 
     Args:
         name: a name from `names()`.
-        weights: `None` for fresh weights, or a path to a `.weights.h5` file.
+        weights: `"default"`: the entry's pretrained weights when it has
+            them and no override changes the architecture, else fresh
+            weights; `"pretrained"`: the entry's weights (an error if it has
+            none); `None`: fresh weights; or a path to a `.weights.h5` file.
         **overrides: config values to change, e.g. `num_layers=8`.
 
     Returns:
@@ -105,6 +134,11 @@ def load(name, weights=None, **overrides):
     entry = _get(name)
     model = _FAMILIES[entry["family"]](**config(name, **overrides))
     model.build()
+    if weights == "default":
+        architecture_changed = bool(set(overrides) - _NEUTRAL_OVERRIDES)
+        weights = "pretrained" if has_pretrained(name) and not architecture_changed else None
+    if weights == "pretrained":
+        weights = pretrained_path(name)
     if weights is not None:
         path = pathlib.Path(weights)
         if not path.is_file():

@@ -1,0 +1,276 @@
+"""The `keras-avae` command line: `train`, `evaluate`, `sample`, `zoo`.
+
+    keras-avae zoo
+    keras-avae train mnist-attentive-small --data-dir DATA/mnist --output runs/att
+    keras-avae evaluate mnist-attentive-small --weights runs/att/model.weights.h5 \\
+        --data-dir DATA/mnist --num-samples 100 --limit 1000
+    keras-avae sample mnist-attentive-small --weights pretrained --out samples.png
+
+Every error a user can cause (unknown entry, bad flag or value, missing or
+corrupt file) ends the program with status 2 and one line on stderr, no
+traceback. `--weights pretrained` loads the weights shipped with an entry.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+_STRATEGIES = ("auto", "mirrored", "multi-worker", "one-device")
+
+
+class UsageError(Exception):
+    """A mistake on the command line; reported in one line."""
+
+
+def _parse_value(text):
+    """`--set` values: JSON when it parses (numbers, lists, true/null), else a string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _parse_sets(pairs):
+    overrides = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--set expects key=value. Received: --set {pair!r}")
+        overrides[key.strip()] = _parse_value(value)
+    return overrides
+
+
+def _positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, received {text!r}")
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, received {text!r}")
+        return value
+
+    return parse
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (no usage dump) with status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _build_parser():
+    parser = _Parser(
+        prog="keras-avae", description="Deep attentive VAEs: train, evaluate and sample zoo models."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    commands.add_parser("zoo", help="list the zoo entries with their descriptions")
+
+    train = commands.add_parser("train", help="train a zoo entry (resumes a killed run in --output)")
+    train.add_argument("name", help="zoo entry, see `keras-avae zoo`")
+    train.add_argument("--data-dir", required=True, help="folder with the original data files")
+    train.add_argument("--output", required=True, help="run folder: checkpoints, logs, PNGs, final model")
+    train.add_argument("--epochs", type=_positive(int), help="total epochs (default: the entry's recipe)")
+    train.add_argument("--steps-per-epoch", type=_positive(int), help="default: one pass over the data")
+    train.add_argument("--batch-size", type=_positive(int), help="per-replica batch (default: the recipe's)")
+    train.add_argument("--strategy", choices=_STRATEGIES, default="auto")
+    train.add_argument("--cpu-devices", type=_positive(int), help="split the CPU into N logical devices")
+    train.add_argument("--limit", type=_positive(int), help="use only the first N training images")
+    train.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
+    train.add_argument("--save-freq", default="epoch", help="'epoch' or N: checkpoint every N steps too")
+    train.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="override a model or recipe value (repeatable)"
+    )
+    train.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2))
+
+    evaluate = commands.add_parser("evaluate", help="importance-sampled test NLL, printed as JSON")
+    evaluate.add_argument("name")
+    evaluate.add_argument("--weights", required=True, help="a .weights.h5 file, or 'pretrained'")
+    evaluate.add_argument("--data-dir", required=True)
+    evaluate.add_argument("--split", choices=("test", "train"), default="test")
+    evaluate.add_argument("--num-samples", type=_positive(int), default=100, help="K importance samples")
+    evaluate.add_argument("--limit", type=_positive(int), help="the first N examples of the split")
+    evaluate.add_argument("--batch-size", type=_positive(int), default=25, help="images per pass")
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--set", action="append", metavar="KEY=VALUE", help="model config override")
+
+    sample = commands.add_parser("sample", help="draw images from the prior into a PNG grid")
+    sample.add_argument("name")
+    sample.add_argument("--weights", required=True, help="a .weights.h5 file, or 'pretrained'")
+    sample.add_argument("--num", type=_positive(int), default=64)
+    sample.add_argument("--temperature", type=_positive(float), default=1.0)
+    sample.add_argument("--out", required=True, help="output .png file")
+    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--set", action="append", metavar="KEY=VALUE", help="model config override")
+    return parser
+
+
+def _check_name(name):
+    from keras_avae import zoo
+
+    if name not in zoo.names():
+        raise UsageError(f"unknown zoo entry {name!r}; `keras-avae zoo` lists them ({', '.join(zoo.names())})")
+
+
+def _check_dir(path, flag):
+    if not os.path.isdir(path):
+        raise UsageError(f"{flag}: no such directory: {path!r}")
+
+
+def _load_model(args):
+    from keras_avae import zoo
+
+    if args.weights != "pretrained" and not os.path.isfile(args.weights):
+        raise UsageError(f"--weights: no such file: {args.weights!r}")
+    return zoo.load(args.name, weights=args.weights, seed=args.seed, **_parse_sets(args.set))
+
+
+def _cmd_zoo(args):
+    from keras_avae import zoo
+
+    width = max(len(name) for name in zoo.names())
+    for name in zoo.names():
+        entry = zoo.describe(name)
+        trained = " [pretrained]" if entry.get("weights") else ""
+        print(f"{name:<{width}}  {entry['description']}{trained}")
+
+
+def _cmd_train(args):
+    _check_name(args.name)
+    _check_dir(args.data_dir, "--data-dir")
+    save_freq = args.save_freq if args.save_freq == "epoch" else _positive(int)(args.save_freq)
+    from keras_avae import training
+
+    # The strategy first: TensorFlow must not initialise before the CPU split.
+    strategy = training.make_strategy(args.strategy, args.cpu_devices)
+    from keras_avae import datasets, zoo
+
+    config_overrides, recipe_overrides = training.split_overrides(args.name, _parse_sets(args.set))
+    config_overrides.setdefault("seed", args.seed)
+    recipe = training.resolve_recipe(args.name, **recipe_overrides)
+    replicas = training.num_replicas(strategy)
+    global_batch = (args.batch_size or recipe["batch_size_per_replica"]) * replicas
+    data = zoo.describe(args.name)["dataset"]
+    train_data = datasets.make_dataset(
+        data, "train", args.data_dir, global_batch, seed=args.seed, limit=args.limit, strategy=strategy
+    )
+    steps = args.steps_per_epoch or recipe.get("steps_per_epoch")
+    if steps is None:
+        examples = len(datasets.load(data, args.data_dir, "train")[0])
+        steps = max(1, min(examples, args.limit or examples) // global_batch)
+    start = time.time()
+    training.train(
+        args.name,
+        train_data,
+        args.output,
+        epochs=args.epochs,
+        steps_per_epoch=steps,
+        strategy=strategy,
+        batch_size=global_batch,
+        config_overrides=config_overrides,
+        save_freq=save_freq,
+        verbose=args.verbose,
+        **recipe_overrides,
+    )
+    print(f"Trained {args.name} in {time.time() - start:.0f} s; final model in {args.output}", file=sys.stderr)
+
+
+def _cmd_evaluate(args):
+    _check_name(args.name)
+    _check_dir(args.data_dir, "--data-dir")
+    import numpy as np
+    from keras import ops
+
+    from keras_avae import datasets, evaluation, zoo
+
+    model = _load_model(args)
+    data = zoo.describe(args.name)["dataset"]
+    # Static binarisation with a fixed seed: the same binary test set every run.
+    test = datasets.make_dataset(
+        data, args.split, args.data_dir, args.batch_size, shuffle=False, seed=args.seed, limit=args.limit
+    )
+    log_px, elbo = [], []
+    start = time.time()
+    for batch in test:
+        x = np.asarray(batch)
+        log_px.append(model.log_likelihood(x, num_samples=args.num_samples))
+        out = model(ops.convert_to_tensor(x), training=False)
+        elbo.append(-(np.asarray(ops.convert_to_numpy(out["nll"])) + np.asarray(ops.convert_to_numpy(out["kl"]))))
+    log_px, elbo = np.concatenate(log_px), np.concatenate(elbo)
+    nll = float(-log_px.mean())
+    result = {
+        "name": args.name,
+        "weights": args.weights,
+        "split": args.split,
+        "num_examples": int(log_px.size),
+        "num_samples": args.num_samples,
+        "nll_nats": nll,
+        "nll_stderr": float(log_px.std(ddof=1) / math.sqrt(log_px.size)) if log_px.size > 1 else None,
+        "bits_per_dim": evaluation.bits_per_dim(nll, model.num_data_dims),
+        "elbo_nats": float(elbo.mean()),
+        "seconds": round(time.time() - start, 1),
+    }
+    print(json.dumps(result))
+
+
+def _cmd_sample(args):
+    _check_name(args.name)
+    if not args.out.lower().endswith(".png"):
+        raise UsageError(f"--out must name a .png file. Received: --out {args.out!r}")
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    _check_dir(out_dir, "--out (its folder)")
+    import inspect
+
+    import numpy as np
+    from keras import ops
+
+    from keras_avae import training
+
+    model = _load_model(args)
+    kwargs = {"temperature": args.temperature} if "temperature" in inspect.signature(model.sample).parameters else {}
+    if "temperature" not in kwargs and args.temperature != 1.0:
+        raise UsageError(f"{args.name} has no sampling temperature. Received: --temperature {args.temperature}")
+    images = np.asarray(ops.convert_to_numpy(model.sample(args.num, **kwargs)))
+    images = images[:, model.crop : images.shape[1] - model.crop, model.crop : images.shape[2] - model.crop]
+    per_row = max(1, int(math.ceil(math.sqrt(args.num))))
+    rows = [images[i : i + per_row] for i in range(0, len(images), per_row)]
+    if len(rows[-1]) < per_row:  # pad the last row with blank tiles
+        blank = np.full((per_row - len(rows[-1]),) + images.shape[1:], model.pixel_range[0], images.dtype)
+        rows[-1] = np.concatenate([rows[-1], blank])
+    training.save_image_grid(args.out, rows, value_range=model.pixel_range)
+    print(f"Wrote {args.num} samples to {args.out}", file=sys.stderr)
+
+
+_COMMANDS = {"zoo": _cmd_zoo, "train": _cmd_train, "evaluate": _cmd_evaluate, "sample": _cmd_sample}
+
+
+def main(argv=None):
+    """Runs the command line; returns the exit status."""
+    args = _build_parser().parse_args(argv)
+    try:
+        _COMMANDS[args.command](args)
+    except UsageError as error:
+        print(f"keras-avae {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError, OSError, RuntimeError) as error:
+        if os.environ.get("KERAS_AVAE_DEBUG"):
+            raise
+        # Library errors already name the argument and value; one line each.
+        message = " ".join(str(error).split())
+        print(f"keras-avae {args.command}: error: {type(error).__name__}: {message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main_exit():
+    """The console script's entry point."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    main_exit()
