@@ -1439,17 +1439,31 @@ def _jsonable(value):
 
 
 def _save_final(model, output_dir, portable):
-    """`model.keras` and `model.weights.h5`, each written atomically."""
-    final = model
-    if portable:
-        # Synchronised batch norm exists only on TensorFlow; the saved model
-        # must load anywhere, so it is saved from an unsynchronised copy.
-        config = dict(model.get_config(), synchronized_batch_norm=False)
-        final = type(model).from_config(config)
-        final.build()
-        final.set_weights(model.get_weights())
+    """`model.keras` (with the optimizer: to train further) and `model.weights.h5`.
+
+    The `.weights.h5` file holds the model's weights only, written from an
+    uncompiled copy: Keras would otherwise add the optimizer's slots (three
+    times the size), and it is the file `zoo.load(name, weights=...)`,
+    `keras-avae evaluate` and the shipped zoo weights use. Synchronised batch
+    norm exists only on TensorFlow, so a model trained with it is saved from
+    an unsynchronised copy (`portable`) that loads on every backend.
+    """
+    copy = None
+    try:
+        config = model.get_config()
+        if portable:
+            config = dict(config, synchronized_batch_norm=False)
+        copy = type(model).from_config(config)
+        copy.build()
+        copy.set_weights(model.get_weights())
+    except (TypeError, ValueError, NotImplementedError):
+        if portable:
+            raise
+        copy = None  # a user model without a config round trip: save as is
+    final = copy if portable else model
     _atomic_write(output_dir / "model.keras", lambda tmp: final.save(str(tmp)), ".keras")
-    _atomic_write(output_dir / "model.weights.h5", lambda tmp: final.save_weights(str(tmp)), ".weights.h5")
+    weights = copy if copy is not None else model
+    _atomic_write(output_dir / "model.weights.h5", lambda tmp: weights.save_weights(str(tmp)), ".weights.h5")
 
 
 def train(

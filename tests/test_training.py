@@ -438,6 +438,10 @@ def test_train_writes_everything_and_guards_nan(tmp_path):
         np.testing.assert_array_equal(numpy_of(a), numpy_of(b))
         assert np.isfinite(numpy_of(b)).all()
     assert np.isfinite(numpy_of(reloaded.reconstruct(x[:4]))).all()
+    import h5py
+
+    with h5py.File(out / "model.weights.h5", "r") as weights_file:
+        assert "optimizer" not in weights_file  # weights only: what the zoo ships
 
     # The same call again is a no-op; more epochs continue the run; other
     # settings are refused.
