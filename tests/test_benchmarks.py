@@ -22,3 +22,13 @@ def test_attention_benchmark_runs():
     for cell in (row[2], row[3], row[5], row[6]):
         float(cell)
     assert any(line.startswith("Crossover:") for line in lines)
+
+
+def test_evaluation_speed_benchmark_runs():
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "evaluation_speed.py")]
+    command += ["--names", "mnist-baseline-small", "--batch-size", "2", "--num-samples", "2", "--repeats", "1", "--tiny"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ})
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| mnist-baseline-small"))
+    cells = row.split("|")
+    assert float(cells[2]) > 0 and float(cells[3]) > 0
