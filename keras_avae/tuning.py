@@ -1,0 +1,153 @@
+"""KerasTuner search over the zoo's hierarchical VAEs.
+
+`VAEHyperModel` turns a zoo entry into a search space: the number of
+stochastic layers, latent channels, filters, the paper's three attention
+switches and the learning rate. `build(hp)` returns a compiled, built model
+whose weights depend only on `hp` and `seed`; `fit` adds the recipe's KL
+warm-up. Minimise `OBJECTIVE`, the validation negative ELBO (unweighted by
+the KL warm-up, so trials are comparable at any epoch).
+
+Needs `keras-tuner` (`pip install "keras-avae[tuning]"`).
+
+Example:
+
+>>> import keras_tuner
+>>> from keras_avae.tuning import OBJECTIVE, VAEHyperModel
+>>> hypermodel = VAEHyperModel("mnist-attentive-small", steps_per_epoch=10,
+...     search_space={"num_layers": [2], "filters": [4]})
+>>> model = hypermodel.build(keras_tuner.HyperParameters())
+>>> model.num_layers, model.preprocess_filters
+(2, 4)
+"""
+
+import copy
+
+import keras
+import keras_tuner
+
+from keras_avae import training
+from keras_avae import zoo
+
+OBJECTIVE = keras_tuner.Objective("val_nelbo", direction="min")
+
+DEFAULT_SEARCH_SPACE = {
+    "num_layers": [2, 4, 6],
+    "latent_channels": [8, 20],
+    "filters": [8, 16, 32],
+    "generative_attention": [False, True],
+    "inference_attention": [False, True],
+    "nonlocal_blocks": [False, True],
+    "learning_rate": (1e-3, 1e-2),
+}
+
+_SWITCHES = ("generative_attention", "inference_attention", "nonlocal_blocks")
+# Where non-local blocks go when the switch turns them on (the paper's places).
+_NONLOCAL_PLACES = ["merge", "postprocess"]
+
+
+class VAEHyperModel(keras_tuner.HyperModel):
+    """A KerasTuner `HyperModel` over a hierarchical zoo entry.
+
+    Args:
+        entry: the zoo entry the search starts from (its config and recipe
+            fill in everything the search space does not set).
+        steps_per_epoch: optimizer steps per epoch (the learning-rate
+            schedule is laid out over `epochs * steps_per_epoch`).
+        epochs: epochs per trial for the schedule; defaults to the recipe's.
+        search_space: dict overriding `DEFAULT_SEARCH_SPACE`; keys missing
+            from it keep the defaults, a key mapped to `None` is not searched.
+            Lists are choices (`filters` sets the encoder and decoder
+            filters); the three switches take `[False, True]`;
+            `learning_rate` is a `(low, high)` range sampled on a log scale.
+        seed: weight-initialisation seed, the same for every trial (`build`
+            reseeds Keras' global generator with it).
+        overrides: further fixed config values, e.g. `{"image_shape": ...}`.
+        jit_compile: passed to `model.compile`.
+
+    Example:
+
+    >>> hypermodel = VAEHyperModel(search_space={"learning_rate": None})
+    >>> sorted(hypermodel.search_space)[:2]
+    ['filters', 'generative_attention']
+    """
+
+    def __init__(
+        self,
+        entry="mnist-attentive-small",
+        steps_per_epoch=100,
+        epochs=None,
+        search_space=None,
+        seed=0,
+        overrides=None,
+        jit_compile="auto",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if zoo.describe(entry)["family"] != "hierarchical_vae":
+            raise ValueError(f"`entry` must be a hierarchical VAE zoo entry. Received: entry={entry!r}")
+        if not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
+            raise ValueError(f"`steps_per_epoch` must be a positive int. Received: steps_per_epoch={steps_per_epoch!r}")
+        space = dict(DEFAULT_SEARCH_SPACE)
+        unknown = sorted(set(search_space or {}) - set(space))
+        if unknown:
+            raise ValueError(
+                f"Unknown search-space key(s) {unknown}. Valid keys: {', '.join(sorted(space))}. "
+                f"Received: search_space={search_space!r}"
+            )
+        space.update(search_space or {})
+        self.search_space = {k: v for k, v in space.items() if v is not None}
+        self.entry = entry
+        self.steps_per_epoch = steps_per_epoch
+        self.epochs = epochs
+        self.seed = seed
+        self.overrides = dict(overrides or {})
+        self.jit_compile = jit_compile
+
+    def _config(self, hp):
+        space, config = self.search_space, {}
+        for key in ("num_layers", "latent_channels"):
+            if key in space:
+                config[key] = hp.Choice(key, list(space[key]))
+        if "filters" in space:
+            filters = hp.Choice("filters", list(space["filters"]))
+            config.update(preprocess_filters=filters, decoder_filters=filters)
+        base = zoo.config(self.entry)
+        for key in _SWITCHES:
+            if key not in space:
+                continue
+            choices = list(space[key])
+            on = hp.Boolean(key) if sorted(choices) == [False, True] else hp.Fixed(key, bool(choices[0]))
+            if key == "nonlocal_blocks":
+                config[key] = (copy.copy(base[key]) or list(_NONLOCAL_PLACES)) if on else []
+            else:
+                config[key] = on
+        config.update(self.overrides)
+        return config
+
+    def _recipe(self, hp):
+        overrides = {}
+        if self.epochs is not None:
+            overrides["epochs"] = self.epochs
+        if "learning_rate" in self.search_space:
+            low, high = self.search_space["learning_rate"]
+            overrides["learning_rate"] = hp.Float("learning_rate", low, high, sampling="log")
+        return training.resolve_recipe(self.entry, **overrides)
+
+    def build(self, hp):
+        """A compiled, built model for `hp` (deterministic given `hp` and `seed`)."""
+        # Initialisers without their own seed draw from Keras' global
+        # generator: reseed it so every trial of one `hp` starts alike.
+        keras.utils.set_random_seed(self.seed)
+        model = zoo.load(self.entry, weights=None, seed=self.seed, **self._config(hp))
+        recipe = self._recipe(hp)
+        model.compile(
+            optimizer=training.make_optimizer(recipe, self.steps_per_epoch, recipe["epochs"]),
+            jit_compile=self.jit_compile,
+        )
+        return model
+
+    def fit(self, hp, model, *args, callbacks=None, **kwargs):
+        """`model.fit` with the recipe's per-epoch KL warm-up added."""
+        recipe = self._recipe(hp)
+        warmup = training.KLWarmup(recipe.get("kl_warmup_epochs") or 0, recipe.get("kl_min", 1.0))
+        return model.fit(*args, callbacks=list(callbacks or []) + [warmup], **kwargs)

@@ -1,0 +1,86 @@
+"""Tests of keras_avae.tuning: the search space reaches the model, builds are
+deterministic, and a tiny KerasTuner search minimises the validation NELBO."""
+
+import keras
+import keras_tuner
+import numpy as np
+import pytest
+
+from keras_avae.tuning import OBJECTIVE, VAEHyperModel
+
+TINY = dict(image_shape=[8, 8, 1], num_scales=1, crop=0, preprocess_cells=1, postprocess_cells=1, cells_per_layer=1)
+SPACE = {"num_layers": [1, 2], "latent_channels": [2], "filters": [4, 8], "learning_rate": (1e-3, 1e-2)}
+
+
+def hyperparameters(**values):
+    hp = keras_tuner.HyperParameters()
+    for name, value in values.items():
+        hp.Fixed(name, value)
+    return hp
+
+
+def test_hyperparameters_reach_the_model():
+    hypermodel = VAEHyperModel("mnist-attentive-small", steps_per_epoch=3, search_space=SPACE, overrides=TINY)
+    model = hypermodel.build(
+        hyperparameters(
+            num_layers=2,
+            filters=8,
+            generative_attention=False,
+            inference_attention=True,
+            nonlocal_blocks=False,
+            learning_rate=0.004,
+        )
+    )
+    assert model.num_layers == 2 and model.preprocess_filters == 8 and model.decoder_filters == 8
+    assert not model.generative_attention and model.inference_attention and list(model.nonlocal_blocks) == []
+    assert model.optimizer is not None and model.built
+    schedule = model.optimizer.inner_optimizer._learning_rate  # the schedule object
+    # Warm-up ends at the peak learning rate the search chose.
+    peak = float(keras.ops.convert_to_numpy(schedule(3 * 1)))  # warmup_epochs=1, 3 steps per epoch
+    assert peak == pytest.approx(0.004, rel=1e-5)
+
+    on = hypermodel.build(hyperparameters(num_layers=1, filters=4, nonlocal_blocks=True))
+    assert list(on.nonlocal_blocks) == ["merge", "postprocess"] and on.num_layers == 1
+
+
+def test_builds_are_deterministic():
+    hypermodel = VAEHyperModel("mnist-baseline-small", steps_per_epoch=3, search_space=SPACE, overrides=TINY, seed=5)
+    hp = hyperparameters(num_layers=2, filters=4)
+    first, second = hypermodel.build(hp), hypermodel.build(hp)
+    for a, b in zip(first.weights, second.weights):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+
+
+def test_bad_arguments_name_the_value():
+    with pytest.raises(ValueError, match="num_stochastic"):
+        VAEHyperModel(search_space={"num_stochastic": [2]})
+    with pytest.raises(ValueError, match="mnist-gumbel"):
+        VAEHyperModel("mnist-gumbel")
+    with pytest.raises(ValueError, match="steps_per_epoch=0"):
+        VAEHyperModel(steps_per_epoch=0)
+
+
+@pytest.mark.slow
+def test_random_search_minimises_validation_nelbo(tmp_path):
+    rng = np.random.default_rng(0)
+    x = (rng.random((32, 8, 8, 1)) > 0.5).astype("float32")
+    hypermodel = VAEHyperModel(
+        "mnist-attentive-small",
+        steps_per_epoch=4,
+        epochs=1,
+        search_space=dict(SPACE, generative_attention=[False], inference_attention=[False], nonlocal_blocks=[False]),
+        overrides=TINY,
+        jit_compile=False,
+    )
+    tuner = keras_tuner.RandomSearch(
+        hypermodel, objective=OBJECTIVE, max_trials=2, seed=1, directory=tmp_path, project_name="tiny"
+    )
+    tuner.search(x[:24], validation_data=(x[24:], None), epochs=1, batch_size=6, verbose=0)
+    trials = [t for t in tuner.oracle.trials.values() if t.score is not None]
+    assert len(trials) == 2
+    best = tuner.oracle.get_best_trials(1)[0]
+    assert best.score == min(t.score for t in trials) and np.isfinite(best.score)
+    # The score is the validation NELBO of the trained trial model.
+    model = tuner.get_best_models(1)[0]
+    logs = model.evaluate(x[24:], batch_size=8, return_dict=True, verbose=0)
+    assert logs["nelbo"] == pytest.approx(best.score, rel=0.2)
