@@ -640,3 +640,24 @@ def test_multi_worker_shards_are_disjoint(tmp_path):
         assert len(first) == len(second) == 20
         assert sorted(first + second) == list(range(40))  # Disjoint shards covering the epoch.
     assert per_worker[0][0] != per_worker[0][1]  # Reshuffled between epochs.
+
+
+def test_shipped_mnist_sample_matches_the_test_pipeline(tmp_path):
+    grey, labels = datasets.mnist_test_sample(100, binarize=False, with_labels=True)
+    raw = np.round(grey[:, 2:30, 2:30, 0] * 255).astype(np.uint8)
+    assert raw.shape == (100, 28, 28) and raw.max() == 255 and labels.shape == (100,)
+    # The shipped images as MNIST files: the test pipeline must binarise them
+    # exactly as mnist_test_sample does, so the demo scores what evaluate scores.
+    root = tmp_path / "mnist"
+    root.mkdir()
+    for prefix in ("train", "t10k"):
+        write_idx(root / f"{prefix}-images-idx3-ubyte.gz", raw, 2051)
+        write_idx(root / f"{prefix}-labels-idx1-ubyte.gz", labels, 2049)
+    for seed in (0, 3):
+        piped = np.concatenate(batches(datasets.make_dataset("mnist", "test", str(root), 32, seed=seed)))
+        np.testing.assert_array_equal(datasets.mnist_test_sample(100, seed=seed), piped)
+    assert not np.array_equal(datasets.mnist_test_sample(10, seed=0), datasets.mnist_test_sample(10, seed=3))
+    # Binary draws follow the grey levels: mean ink close to the mean grey.
+    assert abs(datasets.mnist_test_sample(100).mean() - grey.mean()) < 0.01
+    with pytest.raises(ValueError, match="num_images=101"):
+        datasets.mnist_test_sample(101)
