@@ -7,6 +7,7 @@ commands themselves run end to end on a tiny model (`--set` overrides).
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -207,3 +208,26 @@ def test_train_evaluate_sample_end_to_end(tmp_path, capsys):
     # 5 samples on a 2-row, 3-column grid of 28x28 crops, 1-pixel borders.
     assert grid.shape == (2 * 29 + 1, 3 * 29 + 1, 1)
     assert grid[1:29, 1:29].std() > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND == "torch", reason="zoo models are supported on TensorFlow and JAX")
+def test_demo_scores_the_shipped_sample_and_draws_grids(tmp_path, capsys):
+    out_dir = tmp_path / "demo"
+    status, printed, err = run_main(
+        ["demo", "--out", str(out_dir), "--num-images", "8", "--num-samples", "5"], capsys
+    )
+    assert status == 0, err
+    nll = float(re.search(r"test NLL\s+([0-9.]+) nats", printed).group(1))
+    card = zoo.describe("mnist-attentive-small")["results"]
+    # Eight images: the card's mean (1000 images) within a wide sampling margin.
+    assert abs(nll - card["test_nll_nats"]) < 40, (nll, card["test_nll_nats"])
+
+    samples = decode_png((out_dir / "samples.png").read_bytes())
+    assert samples.shape == (8 * 29 + 1, 8 * 29 + 1, 1)
+    grid = decode_png((out_dir / "reconstructions.png").read_bytes()).astype("float32") / 255
+    assert grid.shape == (2 * 29 + 1, 8 * 29 + 1, 1)
+    images, recons = grid[1:29], grid[30:58]
+    # The trained model reconstructs the digits it is shown (a fresh one
+    # gives grey noise, about 0.5 from every pixel).
+    assert np.abs(images - recons).mean() < 0.12

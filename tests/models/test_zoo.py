@@ -90,3 +90,73 @@ PUBLISHED = [
 def test_full_size_parameter_counts_match_the_paper(name, published, tolerance):
     count = trainable_count(keras_avae.zoo.load(name))
     assert abs(count - published) / published < tolerance, (name, count, published)
+
+
+# ---------------------------------------------------------------------- #
+# Pretrained entries: weight files, model cards, and real scores
+# ---------------------------------------------------------------------- #
+
+TRAINED = [name for name in zoo.names() if zoo.has_pretrained(name)]
+CARD_KEYS = {
+    "test_nll_nats",
+    "test_nll_stderr",
+    "test_images",
+    "importance_samples",
+    "elbo_nats",
+    "bits_per_dim",
+    "epochs",
+    "steps_per_epoch",
+    "batch_size",
+    "train_seconds",
+    "hardware",
+    "backend",
+    "train_command",
+    "evaluate_command",
+}
+
+
+def test_the_mnist_entries_ship_trained_weights():
+    assert {"mnist-attentive-small", "mnist-baseline-small", "mnist-gumbel-small"} <= set(TRAINED)
+
+
+@pytest.mark.parametrize("name", TRAINED)
+def test_weight_files_are_small_and_cards_complete(name):
+    entry = zoo.describe(name)
+    path = zoo.pretrained_path(name)
+    assert path.is_file() and path.suffixes[-2:] == [".weights", ".h5"]
+    assert path.stat().st_size < 6e6, "keep shipped weights to a few MB"
+    card = entry["results"]
+    assert CARD_KEYS <= set(card), CARD_KEYS - set(card)
+    assert card["importance_samples"] >= 100 and card["test_images"] >= 1000
+    assert f"keras-avae train {name} " in card["train_command"]
+    assert f"keras-avae evaluate {name} " in card["evaluate_command"]
+    assert card["test_nll_nats"] <= -card["elbo_nats"] + 3 * card["test_nll_stderr"]
+
+
+def test_pretrained_requests_on_untrained_entries_name_the_trained_ones():
+    with pytest.raises(ValueError, match="no pretrained weights") as info:
+        zoo.load("cifar10-baseline", weights="pretrained", num_layers=2, preprocess_filters=4, decoder_filters=4)
+    assert "mnist-attentive-small" in str(info.value)
+
+
+def elbo_nats(model, x):
+    out = model(keras.ops.convert_to_tensor(x), training=False)
+    return float(np.mean(keras.ops.convert_to_numpy(out["nll"]) + keras.ops.convert_to_numpy(out["kl"])))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="zoo models are supported on TensorFlow and JAX")
+@pytest.mark.parametrize("name", TRAINED)
+def test_pretrained_weights_score_real_digits_like_their_card(name):
+    x = keras_avae.datasets.mnist_test_sample(25)
+    model = zoo.load(name)  # the default: the shipped weights
+    reference = zoo.load(name, weights="pretrained")
+    for a, b in zip(model.weights, reference.weights):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+    card = zoo.describe(name)["results"]
+    trained = elbo_nats(model, x)
+    # 25 images: the card's ELBO (1000 images) within a generous sampling margin.
+    assert abs(trained - (-card["elbo_nats"])) < 25, (trained, card["elbo_nats"])
+    # Fresh weights score far worse: the shipped ones are trained.
+    fresh = zoo.load(name, weights=None, seed=1)
+    assert elbo_nats(fresh, x) > trained + 100
