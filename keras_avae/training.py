@@ -865,7 +865,13 @@ def split_cpu(num_devices):
 
 
 def num_replicas(strategy=None):
-    """Replicas in sync under `strategy` (1 without one, or off TensorFlow)."""
+    """Replicas in sync under `strategy` (1 without one, or off TensorFlow).
+
+    Example:
+
+    >>> num_replicas(None)
+    1
+    """
     if strategy is None or BACKEND != "tensorflow":
         return 1
     return strategy.num_replicas_in_sync
@@ -876,6 +882,11 @@ def is_chief(strategy=None):
 
     Every process of a single-machine run; under `MultiWorkerMirroredStrategy`
     only the chief (task `chief`, else worker 0).
+
+    Example:
+
+    >>> is_chief(None)
+    True
     """
     if strategy is None or BACKEND != "tensorflow":
         return True
@@ -1185,6 +1196,11 @@ def image_grid(rows, padding=1, value_range=(0.0, 1.0)):
     """Tiles rows of images `[(N, H, W, C), ...]` into one uint8 image.
 
     Values are mapped from `value_range` to 0-255 and clipped.
+
+    Example:
+
+    >>> image_grid([np.zeros((2, 4, 4, 1))], padding=1).shape  # 1 row of 2
+    (6, 11, 1)
     """
     rows = [np.asarray(ops.convert_to_numpy(r), dtype="float32") for r in rows]
     low, high = value_range

@@ -74,7 +74,13 @@ def describe(name):
 
 
 def config(name, **overrides):
-    """The architecture config of an entry with `overrides` applied."""
+    """The architecture config of an entry with `overrides` applied.
+
+    Example:
+
+    >>> config("mnist-attentive", num_layers=4)["num_layers"]
+    4
+    """
     entry = _get(name)
     cfg = copy.deepcopy(entry["config"])
     unknown = sorted(set(overrides) - set(cfg) - {"seed", "name", "dtype"})
@@ -92,7 +98,13 @@ _NEUTRAL_OVERRIDES = {"seed", "name", "dtype"}
 
 
 def has_pretrained(name):
-    """Whether entry `name` ships trained weights (`load(name, "pretrained")`)."""
+    """Whether entry `name` ships trained weights (`load(name, "pretrained")`).
+
+    Example:
+
+    >>> has_pretrained("mnist-attentive-small"), has_pretrained("mnist-attentive")
+    (True, False)
+    """
     return bool(_get(name).get("weights"))
 
 
@@ -102,6 +114,11 @@ def pretrained_path(name):
     Raises:
         ValueError: when the entry has no trained weights (the message lists
             the entries that do).
+
+    Example:
+
+    >>> pretrained_path("mnist-attentive-small").name
+    'mnist-attentive-small.weights.h5'
     """
     entry = _get(name)
     if not entry.get("weights"):
@@ -130,6 +147,13 @@ def load(name, weights="default", **overrides):
     Raises:
         ValueError: for an unknown name or override key (the message lists
             the valid ones) or a weights file that does not match.
+
+    Example:
+
+    >>> model = load("mnist-baseline-small")  # the shipped, trained weights
+    >>> fresh = load("mnist-baseline-small", num_layers=2)  # new architecture: fresh weights
+    >>> model.num_layers, fresh.num_layers
+    (4, 2)
     """
     entry = _get(name)
     model = _FAMILIES[entry["family"]](**config(name, **overrides))
