@@ -301,7 +301,8 @@ def _cmd_demo(args):
         f"{len(x)} MNIST test images shipped with keras-avae (LeCun et al., 1998), "
         f"K={args.num_samples} importance samples:"
     )
-    print(f"  test NLL   {nll:.2f} nats (+- {stderr:.2f} s.e.), {evaluation.bits_per_dim(nll, model.num_data_dims):.4f} bits/dim")
+    bits = evaluation.bits_per_dim(nll, model.num_data_dims)
+    print(f"  test NLL   {nll:.2f} nats (+- {stderr:.2f} s.e.), {bits:.4f} bits/dim")
     print(f"  ELBO      {float(elbo.mean()):.2f} nats")
     if card is not None:
         print(f"  model card: {card:.2f} nats on {entry['results']['test_images']} test images")
