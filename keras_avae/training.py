@@ -552,11 +552,24 @@ class NonFiniteGuard(keras.optimizers.Optimizer):
 
 
 class NonFiniteTrainingError(RuntimeError):
-    """Raised by `train` when `NonFiniteMonitor` stopped the run."""
+    """Raised by `train` when `NonFiniteMonitor` stopped the run.
+
+    Example:
+
+    >>> issubclass(NonFiniteTrainingError, RuntimeError)
+    True
+    """
 
 
 def find_guard(optimizer):
-    """The `NonFiniteGuard` in a chain of optimizer wrappers, or `None`."""
+    """The `NonFiniteGuard` in a chain of optimizer wrappers, or `None`.
+
+    Example:
+
+    >>> guard = NonFiniteGuard(keras.optimizers.SGD(0.1))
+    >>> find_guard(guard) is guard, find_guard(keras.optimizers.SGD(0.1))
+    (True, None)
+    """
     while optimizer is not None:
         if isinstance(optimizer, NonFiniteGuard):
             return optimizer
@@ -847,6 +860,13 @@ def split_cpu(num_devices):
 
     Raises:
         RuntimeError: TensorFlow already initialised with another number.
+
+    Example (first thing in a fresh program, so not run by the doctests,
+    whose TensorFlow is already initialised; `tests/test_training.py` runs
+    it in a subprocess):
+
+    >>> split_cpu(2)  # doctest: +SKIP
+    >>> strategy = make_strategy("mirrored")  # doctest: +SKIP
     """
     import tensorflow as tf
 
@@ -1567,6 +1587,19 @@ def train(
             a run with other settings.
         NonFiniteTrainingError: when more than `max_nonfinite_steps` steps
             were skipped (the checkpoint holds the last finite state).
+
+    Example (a tiny model on random 8x8 images; the same call again with
+    the same folder resumes, here it finds the run complete):
+
+    >>> import tempfile
+    >>> x = (np.random.rand(16, 8, 8, 1) > 0.5).astype("float32")
+    >>> tiny = dict(image_shape=[8, 8, 1], num_layers=2, preprocess_filters=4,
+    ...     decoder_filters=4, num_scales=1, crop=0)
+    >>> out = tempfile.mkdtemp()
+    >>> model = train("mnist-baseline", x, out, epochs=1, batch_size=8,
+    ...     config_overrides=tiny, verbose=0, jit_compile=False, tensorboard=False)
+    >>> int(ops.convert_to_numpy(model.optimizer.iterations)), sorted(p.name for p in pathlib.Path(out).glob("model.*"))
+    (2, ['model.keras', 'model.weights.h5'])
     """
     output_dir = pathlib.Path(output_dir)
     name = model if isinstance(model, str) else None

@@ -13,7 +13,14 @@ import keras
 
 
 def has_tfp():
-    """Whether TFP backs the distribution math on the current backend."""
+    """Whether TFP backs the distribution math on the current backend.
+
+    Example:
+
+    >>> import keras
+    >>> has_tfp() == (keras.backend.backend() in ("tensorflow", "jax"))
+    True
+    """
     return keras.backend.backend() in ("tensorflow", "jax")
 
 

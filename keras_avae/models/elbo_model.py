@@ -23,6 +23,14 @@ class ELBOModel(keras.Model):
     Subclasses call `_build_elbo_state(num_kl_terms)`, set `image_shape`
     and `crop`, and override `pixel_range` when their inputs are not in
     [0, 1].
+
+    Example:
+
+    >>> import keras_avae
+    >>> model = keras_avae.zoo.load("mnist-baseline", num_layers=2,
+    ...     preprocess_filters=4, decoder_filters=4)
+    >>> isinstance(model, ELBOModel), model.num_data_dims  # 28x28 after the crop
+    (True, 784)
     """
 
     def _build_elbo_state(self, num_kl_terms):
