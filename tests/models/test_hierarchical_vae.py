@@ -120,16 +120,22 @@ class TestHierarchicalVAE(TestCase):
     def test_importance_sampling_tightens_the_bound(self):
         model = HierarchicalVAE(**TINY)
         x = shapes_batch(8)
+        draws = 8
         elbos = []
-        for s in range(8):
+        for s in range(draws):
             reset_seed(model, s)
             out = to_numpy(model(x))
             elbos.append(-(out["nll"] + out["kl"]))
-        elbo = np.mean(elbos)
-        runs = {k: [model.log_likelihood(x, num_samples=k, chunk_size=32) for _ in range(2)] for k in (1, 8, 64)}
-        ll = {k: np.mean(r) for k, r in runs.items()}
-        # K=1 is an unbiased estimate of the ELBO; larger K tighten the bound.
-        assert abs(ll[1] - elbo) < 2.0, (ll[1], elbo)
+        elbos = np.stack(elbos)  # (draws, images)
+        runs = {k: np.stack([to_numpy(model.log_likelihood(x, num_samples=k, chunk_size=32)) for _ in range(n)]) for k, n in ((1, draws), (8, 2), (64, 2))}
+        elbo = elbos.mean()
+        ll = {k: r.mean() for k, r in runs.items()}
+        # K=1 is an unbiased estimate of the ELBO: the two means differ by
+        # sampling noise only, bounded here by 4 standard errors of the
+        # difference (per image, then over the images).
+        se = np.sqrt(np.sum(elbos.var(0, ddof=1) / draws + runs[1].var(0, ddof=1) / draws)) / x.shape[0]
+        assert abs(ll[1] - elbo) < 4 * se + 0.05, (ll[1], elbo, se)
+        # Larger K tighten the bound.
         assert ll[8] > elbo and ll[64] > ll[8], (elbo, ll)
         # ... and converge: two independent estimates agree better as K grows.
         spread = {k: np.mean(np.abs(r[0] - r[1])) for k, r in runs.items()}
