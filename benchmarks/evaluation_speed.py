@@ -2,7 +2,8 @@
 
 For each zoo entry (fresh weights, random binary 32x32 images) this times
 `keras_avae.evaluation.importance_sampled_log_likelihood`, which is
-XLA-compiled on TensorFlow, against the same computation run eagerly
+XLA-compiled on TensorFlow and `jax.jit`-compiled on JAX, against the same
+computation run eagerly
 (`model.log_weights(x, model.bottom_up(x), K)`). The first call of each is
 a warm-up (tracing and compilation); the median of `--repeats` calls is
 reported. Evaluating N test images with K samples costs about
@@ -10,6 +11,7 @@ N * K * (ms per pair) milliseconds.
 
 Usage:
     KERAS_BACKEND=tensorflow python benchmarks/evaluation_speed.py
+    KERAS_BACKEND=jax python benchmarks/evaluation_speed.py
     KERAS_BACKEND=tensorflow python benchmarks/evaluation_speed.py \\
         --names mnist-baseline-small --batch-size 5 --num-samples 4 --repeats 1 --tiny
 """

@@ -133,12 +133,6 @@ class DiscreteVAE(ELBOModel):
         )
         self._build_elbo_state(num_latents)
 
-    def build(self, input_shape=None):
-        if self.built:
-            return
-        self.call(ops.zeros((1, *self.image_shape), self.compute_dtype), training=False)
-        self.built = True
-
     def bottom_up(self, x, training=None):
         """Encoder logits `(B, num_latents, num_categories)` (float32)."""
         h = 2.0 * ops.cast(x, self.compute_dtype) - 1.0

@@ -43,6 +43,25 @@ class ELBOModel(keras.Model):
         self.bits_per_dim_tracker = keras.metrics.Mean(name="bits_per_dim")
         self.layer_kl_trackers = [keras.metrics.Mean(name=f"kl_{i}") for i in range(num_kl_terms)]
 
+    def build(self, input_shape=None):
+        """Builds every sublayer with its real shape by running `call` once.
+
+        On JAX the pass is traced (`compute_output_spec`, no computation):
+        eager JAX compiles each new primitive it meets, so an eager pass of a
+        deep VAE costs tens of seconds (measured: 40 s for a 2-layer
+        `omniglot-attentive`), the trace a fraction of that. The other
+        backends run a zero batch eagerly. `input_shape` is ignored: the
+        model's `image_shape` fixes it.
+        """
+        if self.built:
+            return
+        shape = (1, *self.image_shape)
+        if keras.backend.backend() == "jax":
+            self.compute_output_spec(keras.KerasTensor(shape, dtype=self.compute_dtype), training=False)
+        else:
+            self.call(ops.zeros(shape, self.compute_dtype), training=False)
+        self.built = True
+
     @property
     def num_data_dims(self):
         """Dimensions D of the modelled image (for bits/dim)."""

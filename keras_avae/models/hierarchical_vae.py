@@ -412,13 +412,6 @@ class HierarchicalVAE(ELBOModel):
                 name="data_head",
             )
 
-    def build(self, input_shape=None):
-        # Running a zero batch builds every sublayer with its real shape.
-        if self.built:
-            return
-        self.call(ops.zeros((1, *self.image_shape), self.compute_dtype), training=False)
-        self.built = True
-
     # ------------------------------------------------------------------ #
     # Forward passes
     # ------------------------------------------------------------------ #
