@@ -61,6 +61,11 @@ def test_bad_arguments_name_the_value():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="the search loop is KerasTuner's, backend-independent; run once, on TensorFlow. "
+    "`build(hp)` is tested on every backend above",
+)
 def test_random_search_minimises_validation_nelbo(tmp_path):
     rng = np.random.default_rng(0)
     x = (rng.random((32, 8, 8, 1)) > 0.5).astype("float32")

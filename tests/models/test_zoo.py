@@ -83,8 +83,9 @@ PUBLISHED = [
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    keras.backend.backend() == "torch",
-    reason="the count is backend-independent; fidelity is checked on TensorFlow and JAX (zoo support matrix)",
+    keras.backend.backend() != "tensorflow",
+    reason="the same layer code creates the same variables on every backend; counted once, on TensorFlow "
+    "(initialising 119M parameters eagerly costs minutes on JAX)",
 )
 @pytest.mark.parametrize("name,published,tolerance", PUBLISHED)
 def test_full_size_parameter_counts_match_the_paper(name, published, tolerance):
