@@ -515,7 +515,9 @@ def test_mirrored_step_on_two_cpus_equals_one_device(tmp_path, helper):
         pairs = list(zip(states["mirrored"][group], states["single"][group]))
         assert len(pairs) == len(states["single"][group]) > 0
         for (path, a), (_, b) in pairs:
-            np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-4, atol=2e-6, err_msg=path)
+            # atol: near-zero entries (a conv bias ~1e-7 after one step) differ by
+            # float32 summation order across replicas; 3.7e-6 was seen in CI.
+            np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-4, atol=2e-5, err_msg=path)
     differences = [
         np.max(np.abs(np.array(a) - np.array(b)))
         for (_, a), (_, b) in zip(states["mirrored"]["optimizer"], states["half"]["optimizer"])
