@@ -89,9 +89,10 @@ def _compiled_log_weights(model):
 def _jax_stateless_jit(model, fn):
     """`jax.jit` of `fn(x, k)` with the model's variables passed as values.
 
-    JAX traces pure functions, so the variables go in as arguments through a
-    `keras.StatelessScope` and the random seed states the call advanced come
-    back out and are assigned, so successive calls draw fresh samples.
+    JAX traces pure functions, so, as Keras' own JAX trainer does, the
+    variables go in through a `keras.StatelessScope` and the non-trainable
+    ones come back out and are assigned: the seed states the call advanced,
+    so successive calls draw fresh samples.
     """
     import jax
 
@@ -99,24 +100,21 @@ def _jax_stateless_jit(model, fn):
     # traced function would hold a tracer once the trace ends.
     if not model.built:
         model.build()
-    variables = list(model.trainable_variables) + list(model.non_trainable_variables)
-    stateful = [i for i, v in enumerate(variables) if "seed_generator_state" in v.path]
+    trainable = list(model.trainable_variables)
+    non_trainable = list(model.non_trainable_variables)
 
-    def pure(values, x, k):
-        with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+    def pure(trainable_values, non_trainable_values, x, k):
+        mapping = list(zip(trainable, trainable_values)) + list(zip(non_trainable, non_trainable_values))
+        with keras.StatelessScope(state_mapping=mapping) as scope:
             out = fn(x, k)
-        updated = []
-        for i in stateful:
-            value = scope.get_current_value(variables[i])
-            updated.append(values[i] if value is None else value)
-        return out, updated
+        return out, [scope.get_current_value(v) for v in non_trainable]
 
-    jitted = jax.jit(pure, static_argnums=2)
+    jitted = jax.jit(pure, static_argnums=3)
 
     def call(x, k):
-        out, updated = jitted([v.value for v in variables], x, k)
-        for i, value in zip(stateful, updated):
-            variables[i].assign(value)
+        out, updated = jitted([v.value for v in trainable], [v.value for v in non_trainable], x, k)
+        for variable, value in zip(non_trainable, updated):
+            variable.assign(value)
         return out
 
     return call
