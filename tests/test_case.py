@@ -6,6 +6,7 @@ XLA compilation (TensorFlow and JAX) and a `.keras` save/load round trip.
 """
 
 import os
+import socket
 import tempfile
 
 import keras
@@ -343,3 +344,14 @@ def input_gradient(fn, x):
     x = torch.tensor(x, requires_grad=True)
     ops.sum(fn(x)).backward()
     return x.grad
+
+
+def free_ports(count):
+    """`count` TCP ports free on 127.0.0.1 now, for local tf.distribute workers."""
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports

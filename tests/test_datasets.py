@@ -10,7 +10,6 @@ import json
 import os
 import pathlib
 import pickle
-import socket
 import subprocess
 import sys
 import tarfile
@@ -21,6 +20,7 @@ import pytest
 import scipy.io
 
 from keras_avae import datasets
+from tests.test_case import free_ports
 
 # ---------------------------------------------------------------------------
 # Writers of the original formats
@@ -593,23 +593,13 @@ _MULTI_WORKER_SCRIPT = textwrap.dedent(
 )
 
 
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 @pytest.mark.slow
 def test_multi_worker_shards_are_disjoint(tmp_path):
     """Two MultiWorkerMirroredStrategy workers on 127.0.0.1 split every epoch."""
     make_mnist_dir(tmp_path / "mnist", n_train=40)
     script = tmp_path / "worker.py"
     script.write_text(_MULTI_WORKER_SCRIPT)
-    ports = ",".join(map(str, _free_ports(2)))
+    ports = ",".join(map(str, free_ports(2)))
     env = dict(os.environ, KERAS_BACKEND="tensorflow", CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
     workers = [
         subprocess.Popen(

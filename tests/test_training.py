@@ -11,7 +11,6 @@ import json
 import math
 import os
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import pytest
 
 from keras_avae import training
 from keras_avae import zoo
+from tests.test_case import free_ports
 
 BACKEND = keras.backend.backend()
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -526,16 +526,6 @@ def test_mirrored_step_on_two_cpus_equals_one_device(tmp_path, helper):
     assert max(differences) > 1e-2
     # A NaN in one replica's share: both replicas skipped the step.
     assert data["nan_step"] == {"unchanged": True, "finite": True, "nonfinite_steps": 1, "iterations": 1}
-
-
-def free_ports(n):
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 @tf_only
