@@ -83,14 +83,17 @@ def main(argv=None):
         space, overrides = SPACE, {}
     steps = max(1, len(x_train) // args.batch_size)
 
-    hypermodel = VAEHyperModel(
-        args.entry,
-        steps_per_epoch=steps,
-        epochs=args.epochs,
-        search_space=space,
-        overrides=overrides,
-        jit_compile=False if args.quick else "auto",  # tiny models: compiling costs more than it saves
-    )
+    def hypermodel_for(epochs):
+        return VAEHyperModel(
+            args.entry,
+            steps_per_epoch=steps,
+            epochs=epochs,
+            search_space=space,
+            overrides=overrides,
+            jit_compile=False if args.quick else "auto",  # tiny models: compiling costs more than it saves
+        )
+
+    hypermodel = hypermodel_for(args.epochs)
     directory = args.out or tempfile.mkdtemp(prefix="keras-avae-tune-")
     tuner = keras_tuner.RandomSearch(
         hypermodel, objective=OBJECTIVE, max_trials=args.trials, seed=0, directory=directory, project_name=args.entry
@@ -108,14 +111,7 @@ def main(argv=None):
     best = tuner.get_best_hyperparameters(1)[0]
 
     # Retrain the best configuration for longer, on its own schedule.
-    retrain = VAEHyperModel(
-        args.entry,
-        steps_per_epoch=steps,
-        epochs=args.retrain_epochs,
-        search_space=space,
-        overrides=overrides,
-        jit_compile=False if args.quick else "auto",
-    )
+    retrain = hypermodel_for(args.retrain_epochs)
     model = retrain.build(best)
     retrain.fit(best, model, x_train, validation_data=(x_val, None), epochs=args.retrain_epochs,
                 batch_size=args.batch_size, verbose=0)
