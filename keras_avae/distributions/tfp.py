@@ -17,9 +17,16 @@ def has_tfp():
 
     Example:
 
-    >>> import keras
-    >>> has_tfp() == (keras.backend.backend() in ("tensorflow", "jax"))
-    True
+    On TFP backends the standard normal's log-density at 0 comes from TFP;
+    elsewhere from the formula it must equal, `-log(2 pi) / 2`:
+
+    >>> import math
+    >>> if has_tfp():
+    ...     log_p = float(tfd().Normal(0.0, 1.0).log_prob(0.0))
+    ... else:
+    ...     log_p = -0.5 * math.log(2.0 * math.pi)
+    >>> round(log_p, 4)
+    -0.9189
     """
     return keras.backend.backend() in ("tensorflow", "jax")
 
