@@ -99,6 +99,12 @@ def _build_parser():
     evaluate.add_argument("--batch-size", type=_positive(int), default=25, help="images per pass")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--set", action="append", metavar="KEY=VALUE", help="model config override")
+    evaluate.add_argument(
+        "--progress",
+        metavar="FILE.npz",
+        help="save per-image results after every batch; run again with the same file to resume",
+    )
+    evaluate.add_argument("--verbose", type=int, default=0, choices=(0, 1), help="1: a line per batch on stderr")
 
     sample = commands.add_parser("sample", help="draw images from the prior into a PNG grid")
     sample.add_argument("name")
@@ -193,8 +199,7 @@ def _cmd_train(args):
 def _cmd_evaluate(args):
     _check_name(args.name)
     _check_dir(args.data_dir, "--data-dir")
-    import numpy as np
-    from keras import ops
+    import hashlib
 
     from keras_avae import datasets, evaluation, zoo
 
@@ -204,26 +209,43 @@ def _cmd_evaluate(args):
     test = datasets.make_dataset(
         data, args.split, args.data_dir, args.batch_size, shuffle=False, seed=args.seed, limit=args.limit
     )
-    log_px, elbo = [], []
-    start = time.time()
-    for batch in test:
-        x = np.asarray(batch)
-        log_px.append(model.log_likelihood(x, num_samples=args.num_samples))
-        out = model(ops.convert_to_tensor(x), training=False)
-        elbo.append(-(np.asarray(ops.convert_to_numpy(out["nll"])) + np.asarray(ops.convert_to_numpy(out["kl"]))))
-    log_px, elbo = np.concatenate(log_px), np.concatenate(elbo)
-    nll = float(-log_px.mean())
+    weights = zoo.pretrained_path(args.name) if args.weights == "pretrained" else args.weights
+    with open(weights, "rb") as f:
+        weights_sha256 = hashlib.sha256(f.read()).hexdigest()
+    # What a progress file must match to be resumed: the same model, weights and images.
+    run_info = {
+        "name": args.name,
+        "weights_sha256": weights_sha256,
+        "set": sorted(args.set or []),
+        "split": args.split,
+        "limit": args.limit,
+        "batch_size": args.batch_size,
+    }
+
+    def report(images, log_px, seconds):
+        print(
+            f"evaluate: {images} images, NLL so far {-log_px.mean():.2f} nats, {seconds:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    scores = evaluation.score_batches(
+        model,
+        test,
+        num_samples=args.num_samples,
+        seed=args.seed,
+        progress_path=args.progress,
+        run_info=run_info,
+        report=report if args.verbose else None,
+    )
     result = {
         "name": args.name,
         "weights": args.weights,
         "split": args.split,
-        "num_examples": int(log_px.size),
         "num_samples": args.num_samples,
-        "nll_nats": nll,
-        "nll_stderr": float(log_px.std(ddof=1) / math.sqrt(log_px.size)) if log_px.size > 1 else None,
-        "bits_per_dim": evaluation.bits_per_dim(nll, model.num_data_dims),
-        "elbo_nats": float(elbo.mean()),
-        "seconds": round(time.time() - start, 1),
+        **evaluation.summarize(scores["log_px"], scores["elbo"], model.num_data_dims),
+        "seconds": round(scores["seconds"], 1),
+        "resumed_images": scores["resumed_images"],
     }
     print(json.dumps(result))
 
@@ -282,11 +304,8 @@ def _cmd_demo(args):
     start = time.time()
     model = zoo.load(args.name, weights="pretrained", seed=args.seed)
     x = datasets.mnist_test_sample(args.num_images, seed=0)
-    log_px = model.log_likelihood(x, num_samples=args.num_samples)
-    out = model(ops.convert_to_tensor(x), training=False)
-    elbo = -(np.asarray(ops.convert_to_numpy(out["nll"])) + np.asarray(ops.convert_to_numpy(out["kl"])))
-    nll = float(-log_px.mean())
-    stderr = float(log_px.std(ddof=1) / math.sqrt(log_px.size)) if log_px.size > 1 else float("nan")
+    scores = evaluation.score_batches(model, [x], num_samples=args.num_samples, seed=args.seed)
+    figures = evaluation.summarize(scores["log_px"], scores["elbo"], model.num_data_dims)
     card = (entry.get("results") or {}).get("test_nll_nats")
 
     samples = np.asarray(ops.convert_to_numpy(model.sample(64)))
@@ -301,9 +320,11 @@ def _cmd_demo(args):
         f"{len(x)} MNIST test images shipped with keras-avae (LeCun et al., 1998), "
         f"K={args.num_samples} importance samples:"
     )
-    bits = evaluation.bits_per_dim(nll, model.num_data_dims)
-    print(f"  test NLL   {nll:.2f} nats (+- {stderr:.2f} s.e.), {bits:.4f} bits/dim")
-    print(f"  ELBO      {float(elbo.mean()):.2f} nats")
+    print(
+        f"  test NLL   {figures['nll_nats']:.2f} nats (+- {figures['nll_stderr'] or float('nan'):.2f} s.e.), "
+        f"{figures['bits_per_dim']:.4f} bits/dim"
+    )
+    print(f"  ELBO      {figures['elbo_nats']:.2f} nats")
     if card is not None:
         print(f"  model card: {card:.2f} nats on {entry['results']['test_images']} test images")
     print(f"Wrote {os.path.join(args.out, 'samples.png')} (64 samples) and")

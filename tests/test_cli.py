@@ -169,27 +169,34 @@ def test_train_evaluate_sample_end_to_end(tmp_path, capsys):
     run = json.loads((out / "run.json").read_text())
     assert run["epochs"] == 2 and run["config"]["num_layers"] == 2
 
-    status, printed, err = run_main(
-        [
-            "evaluate",
-            "mnist-baseline-small",
-            "--weights",
-            str(weights),
-            "--data-dir",
-            str(data),
-            "--num-samples",
-            "3",
-            "--limit",
-            "5",
-            "--batch-size",
-            "2",
-        ]
-        + sets(TINY_SETS),
-        capsys,
-    )
+    evaluate = [
+        "evaluate",
+        "mnist-baseline-small",
+        "--weights",
+        str(weights),
+        "--data-dir",
+        str(data),
+        "--limit",
+        "5",
+        "--batch-size",
+        "2",
+        "--progress",
+        str(tmp_path / "eval.npz"),
+    ] + sets(TINY_SETS)
+    status, printed, err = run_main(evaluate + ["--num-samples", "3", "--verbose", "1"], capsys)
     assert status == 0, err
     result = json.loads(printed)
-    assert result["num_examples"] == 5 and result["num_samples"] == 3
+    assert result["num_examples"] == 5 and result["num_samples"] == 3 and result["resumed_images"] == 0
+    assert err.count("evaluate: ") == 3  # a progress line per batch: 2 + 2 + 1 images
+    # Run again on the same progress file: nothing left to score, same figures.
+    status, printed, err = run_main(evaluate + ["--num-samples", "3"], capsys)
+    assert status == 0, err
+    again = json.loads(printed)
+    assert again["resumed_images"] == 5 and again["nll_nats"] == result["nll_nats"]
+    # The file belongs to a K=3 run; a K=4 run must not mix into it.
+    status, _, err = run_main(evaluate + ["--num-samples", "4"], capsys)
+    assert status == 2
+    assert_one_line_error(err, "num_samples: file 3, this run 4", "eval.npz")
     assert math.isfinite(result["nll_nats"]) and result["nll_nats"] > 0
     # 28x28 Bernoulli pixels after the 2-pixel crop.
     assert result["bits_per_dim"] == pytest.approx(result["nll_nats"] / (784 * math.log(2)))

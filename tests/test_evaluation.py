@@ -1,0 +1,125 @@
+"""Resumable test-set scoring (`evaluation.score_batches`) and card figures.
+
+A full MNIST evaluation with K = 100 runs for hours on a CPU, so it must
+survive being stopped: a run cut short and resumed from its progress file
+must give exactly the numbers of one uninterrupted run.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from keras_avae import evaluation
+from keras_avae.models.hierarchical_vae import HierarchicalVAE
+from tests.models.test_hierarchical_vae import TINY
+from tests.models.test_hierarchical_vae import shapes_batch
+
+BATCHES = [shapes_batch(3, seed=i) for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    model = HierarchicalVAE(**TINY)
+    model.build()
+    return model
+
+
+class Interrupted(Exception):
+    pass
+
+
+def cut_after(batches, count):
+    """Yields `count` batches, then fails as a killed run would."""
+    for i, batch in enumerate(batches):
+        if i == count:
+            raise Interrupted
+        yield batch
+
+
+def test_resumed_run_equals_uninterrupted_run(model, tmp_path):
+    whole = evaluation.score_batches(model, BATCHES, num_samples=4, seed=3)
+    assert whole["log_px"].shape == (9,) and whole["elbo"].shape == (9,)
+    assert whole["resumed_images"] == 0
+    assert np.all(np.isfinite(whole["log_px"])) and np.all(whole["log_px"] < 0)
+
+    progress = tmp_path / "progress.npz"
+    with pytest.raises(Interrupted):
+        evaluation.score_batches(model, cut_after(BATCHES, 2), num_samples=4, seed=3, progress_path=str(progress))
+    # Only finished batches are on disk, and no temporary file is left behind.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["progress.npz"]
+    with np.load(progress) as saved:
+        assert saved["log_px"].shape == (6,)
+
+    seen = []
+    resumed = evaluation.score_batches(
+        model,
+        BATCHES,
+        num_samples=4,
+        seed=3,
+        progress_path=str(progress),
+        report=lambda images, log_px, seconds: seen.append((images, log_px.size)),
+    )
+    assert resumed["resumed_images"] == 6
+    assert seen == [(9, 9)]  # only the third batch was scored in this run
+    np.testing.assert_allclose(resumed["log_px"], whole["log_px"], rtol=1e-6)
+    np.testing.assert_allclose(resumed["elbo"], whole["elbo"], rtol=1e-6)
+
+    # A finished file resumes to the same answer without scoring anything.
+    again = evaluation.score_batches(model, BATCHES, num_samples=4, seed=3, progress_path=str(progress))
+    assert again["resumed_images"] == 9
+    np.testing.assert_array_equal(again["log_px"], resumed["log_px"])
+
+
+def test_seed_sets_the_samples_of_every_batch(model):
+    # The same image in two batches gets fresh samples: the estimates differ.
+    x = BATCHES[0]
+    scores = evaluation.score_batches(model, [x, x], num_samples=2, seed=0)["log_px"]
+    assert not np.allclose(scores[:3], scores[3:])
+    # Another seed, other samples; the same seed, the same numbers.
+    other = evaluation.score_batches(model, [x, x], num_samples=2, seed=1)["log_px"]
+    same = evaluation.score_batches(model, [x, x], num_samples=2, seed=0)["log_px"]
+    assert not np.allclose(scores, other)
+    np.testing.assert_allclose(scores, same, rtol=1e-6)
+    # Different seeds agree in distribution: both estimate the same log p(x).
+    assert abs(scores.mean() - other.mean()) < 0.2 * abs(scores.mean())
+
+
+def test_progress_file_of_another_run_is_refused(model, tmp_path):
+    progress = str(tmp_path / "progress.npz")
+    evaluation.score_batches(model, BATCHES[:1], num_samples=2, progress_path=progress, run_info={"name": "a"})
+    with pytest.raises(ValueError, match=r"num_samples: file 2, this run 3"):
+        evaluation.score_batches(model, BATCHES[:1], num_samples=3, progress_path=progress, run_info={"name": "a"})
+    with pytest.raises(ValueError, match=r"name: file 'a', this run 'b'"):
+        evaluation.score_batches(model, BATCHES[:1], num_samples=2, progress_path=progress, run_info={"name": "b"})
+    # Same identity, other pixels: the data changed under the file.
+    with pytest.raises(ValueError, match=r"Batch 0 differs .*progress_path="):
+        evaluation.score_batches(model, [1.0 - BATCHES[0]], num_samples=2, progress_path=progress, run_info={"name": "a"})
+    # Fewer batches than the file scored.
+    with pytest.raises(ValueError, match=r"holds 1 scored batches but the data has only 0"):
+        evaluation.score_batches(model, [], num_samples=2, progress_path=progress, run_info={"name": "a"})
+
+
+def test_corrupt_progress_file_names_the_path(model, tmp_path):
+    progress = tmp_path / "progress.npz"
+    evaluation.score_batches(model, BATCHES[:1], num_samples=2, progress_path=str(progress))
+    progress.write_bytes(progress.read_bytes()[:50])
+    with pytest.raises(ValueError, match=r"progress_path=.*progress\.npz.* not a readable keras-avae progress file"):
+        evaluation.score_batches(model, BATCHES[:1], num_samples=2, progress_path=str(progress))
+
+
+def test_bad_seed_names_the_value(model):
+    with pytest.raises(ValueError, match=r"seed=-1"):
+        evaluation.score_batches(model, BATCHES[:1], num_samples=2, seed=-1)
+
+
+def test_summarize_matches_the_formulas():
+    rng = np.random.default_rng(0)
+    log_px, elbo = -100 - rng.random(50), -110 - rng.random(50)
+    s = evaluation.summarize(log_px, elbo, 784)
+    assert s["num_examples"] == 50
+    assert s["nll_nats"] == pytest.approx(-np.mean(log_px))
+    assert s["nll_stderr"] == pytest.approx(np.std(log_px, ddof=1) / math.sqrt(50))
+    assert s["bits_per_dim"] == pytest.approx(-np.mean(log_px) / (784 * math.log(2)))
+    assert s["elbo_nats"] == pytest.approx(np.mean(elbo))
+    assert evaluation.summarize(log_px[:1], elbo[:1], 784)["nll_stderr"] is None
