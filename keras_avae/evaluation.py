@@ -181,8 +181,8 @@ def score_batches(model, batches, num_samples=100, seed=0, progress_path=None, r
     ...     preprocess_filters=4, decoder_filters=4)
     >>> x = (np.random.default_rng(0).random((4, 32, 32, 1)) > 0.5)
     >>> x = x.astype("float32")
-    >>> first = score_batches(model, [x[:2], x[2:]], num_samples=3)
-    >>> again = score_batches(model, [x[:2], x[2:]], num_samples=3)
+    >>> first = score_batches(model, [x[:2], x[2:]], num_samples=4)
+    >>> again = score_batches(model, [x[:2], x[2:]], num_samples=4)
     >>> first["log_px"].shape, np.allclose(first["log_px"], again["log_px"])
     ((4,), True)
     """
