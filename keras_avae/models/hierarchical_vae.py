@@ -1,5 +1,7 @@
 """The hierarchical attentive VAE (Apostolopoulou et al., ICLR 2022)."""
 
+import random
+
 import keras
 from keras import ops
 
@@ -137,7 +139,15 @@ class HierarchicalVAE(ELBOModel):
         bn_epsilon: batch-norm epsilon. Defaults to `1e-5`.
         synchronized_batch_norm: synchronise batch-norm statistics across
             replicas (TensorFlow `tf.distribute`).
-        seed: int or `None`, seeds latent sampling and random features.
+        seed: int or `None`, seeds latent sampling (and, when
+            `nonlocal_feature_seed` is `None`, the random features).
+        nonlocal_feature_seed: int or `None`, seeds the FAVOR+ random
+            features of the performer non-local blocks. The features are part
+            of the function the weights were trained with, so this is resolved
+            to a concrete int at construction (`seed`, or a random int when
+            both are `None`) and kept in `get_config()`: a saved or reloaded
+            model computes with the features it was trained with, whatever
+            sampling `seed` it is given.
         **kwargs: `keras.Model` arguments (`name`, `dtype`).
 
     Call arguments:
@@ -198,6 +208,7 @@ class HierarchicalVAE(ELBOModel):
         bn_epsilon=1e-5,
         synchronized_batch_norm=False,
         seed=None,
+        nonlocal_feature_seed=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -236,6 +247,9 @@ class HierarchicalVAE(ELBOModel):
         self.bn_epsilon = bn_epsilon
         self.synchronized_batch_norm = synchronized_batch_norm
         self.seed = seed
+        if nonlocal_feature_seed is None:
+            nonlocal_feature_seed = seed if seed is not None else random.randint(1, 2**31 - 1)
+        self.nonlocal_feature_seed = nonlocal_feature_seed
 
         # === Channel bookkeeping (reference widths, see the class docstring) ===
         scale = 2**num_scales
@@ -267,7 +281,7 @@ class HierarchicalVAE(ELBOModel):
             bn_epsilon=self.bn_epsilon,
             synchronized_batch_norm=self.synchronized_batch_norm,
             kernel_regularizer=self._regularizer,
-            seed=self.seed,
+            seed=self.nonlocal_feature_seed,
             dtype=self.dtype_policy,
             name=name,
         )
@@ -291,7 +305,7 @@ class HierarchicalVAE(ELBOModel):
             attention=self.nonlocal_attention,
             num_random_features=self.nonlocal_num_random_features,
             kernel_regularizer=self._regularizer,
-            seed=self.seed,
+            seed=self.nonlocal_feature_seed,
             dtype=self.dtype_policy,
             name=name,
         )
@@ -716,6 +730,7 @@ class HierarchicalVAE(ELBOModel):
                 "bn_epsilon": self.bn_epsilon,
                 "synchronized_batch_norm": self.synchronized_batch_norm,
                 "seed": self.seed,
+                "nonlocal_feature_seed": self.nonlocal_feature_seed,
             }
         )
         return config
@@ -772,6 +787,10 @@ def _validate(args):
         low, high = args[name]
         if not low < high:
             raise ValueError(f"`{name}` must be (low, high) with low < high. Received: {name}={args[name]}")
+    for name in ("seed", "nonlocal_feature_seed"):
+        value = args[name]
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ValueError(f"`{name}` must be a non-negative int or None. Received: {name}={value!r}")
     crop = args["crop"]
     if not isinstance(crop, int) or crop < 0 or 2 * crop >= min(image_shape[:2]):
         raise ValueError(f"`crop` must be a non-negative int smaller than half the image. Received: crop={crop!r}")

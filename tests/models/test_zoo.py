@@ -161,3 +161,35 @@ def test_pretrained_weights_score_real_digits_like_their_card(name):
     # Fresh weights score far worse: the shipped ones are trained.
     fresh = zoo.load(name, weights=None, seed=1)
     assert elbo_nats(fresh, x) > trained + 100
+
+
+def _log_weights_under_one_sampling_seed(model, x):
+    # The same sampling state in every model, so that only the function
+    # itself (weights and random features) can make two results differ.
+    state = model.seed_generator.state
+    state.assign(keras.ops.convert_to_tensor(np.array([7, 0]), state.dtype))
+    out = model(keras.ops.convert_to_tensor(x), training=False)
+    return keras.ops.convert_to_numpy(out["nll"]) + keras.ops.convert_to_numpy(out["kl"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in TRAINED if zoo.describe(n)["family"] == "hierarchical_vae"])
+def test_every_default_load_is_the_trained_model(name, tmp_path):
+    x = keras_avae.datasets.mnist_test_sample(4)
+    # Other Python random states before each load: a seed resolved from them
+    # (the features of a `seed=None` model) would differ between loads.
+    keras.utils.set_random_seed(1)
+    first = zoo.load(name)
+    keras.utils.set_random_seed(2)
+    second = zoo.load(name)
+    other_sampling_seed = zoo.load(name, seed=5)
+    assert first.nonlocal_feature_seed == zoo.describe(name)["config"]["nonlocal_feature_seed"]
+    expected = _log_weights_under_one_sampling_seed(first, x)
+    for model in (second, other_sampling_seed):
+        np.testing.assert_allclose(_log_weights_under_one_sampling_seed(model, x), expected, rtol=1e-5)
+    path = tmp_path / "m.keras"
+    first.save(path)
+    keras.utils.set_random_seed(3)
+    reloaded = keras.models.load_model(path)
+    assert reloaded.nonlocal_feature_seed == first.nonlocal_feature_seed
+    np.testing.assert_allclose(_log_weights_under_one_sampling_seed(reloaded, x), expected, rtol=1e-5)
