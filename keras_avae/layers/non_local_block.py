@@ -5,6 +5,7 @@ import random
 import keras
 from keras import ops
 
+from keras_avae.ops.favor import _numpy_orthogonal_features
 from keras_avae.ops.favor import favor_attention
 from keras_avae.ops.favor import orthogonal_random_features
 
@@ -127,6 +128,7 @@ class NonLocalBlock(keras.layers.Layer):
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
         self.gamma_initializer = keras.initializers.get(gamma_initializer)
         self.seed = seed
+        self._features = None
         self.seed_generator = None
         if attention == "performer" and feature_redraw == "training":
             # Offset: a generator's first draw is its integer seed's draw, so
@@ -178,16 +180,22 @@ class NonLocalBlock(keras.layers.Layer):
             attended = ops.einsum("bpq,bqc->bpc", scores, g)
         else:
             if training and self.feature_redraw == "training":
-                features_seed = self.seed_generator
+                features = orthogonal_random_features(
+                    self.num_random_features, self.key_dim, seed=self.seed_generator
+                )
             else:
-                features_seed = self.seed
-            features = orthogonal_random_features(self.num_random_features, self.key_dim, seed=features_seed)
-            # One head (axis 2) and scale 1: the same logits as the softmax path.
-            attended = favor_attention(
-                theta[:, :, None, :], phi[:, :, None, :], g[:, :, None, :], features, scale=1.0
-            )[:, :, 0, :]
+                features = self._fixed_features()
+            # One head (no head axis) and scale 1: the softmax path's logits.
+            attended = favor_attention(theta, phi, g, features, scale=1.0)
         attended = ops.cast(ops.reshape(attended, ops.shape(inputs)), self.compute_dtype)
         return inputs + self.gamma * attended
+
+    def _fixed_features(self):
+        # Drawn once on the host from the integer seed (not per call, and not
+        # inside a traced step): the same matrix on every backend and call.
+        if self._features is None:
+            self._features = _numpy_orthogonal_features(self.num_random_features, self.key_dim, self.seed)
+        return ops.convert_to_tensor(self._features)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)

@@ -64,16 +64,12 @@ def orthogonal_random_features(num_features, dim, seed=None, scaling="chi", dtyp
         raise ValueError(f"`dim` must be a positive integer. Received: dim={dim}")
     if scaling not in _SCALINGS:
         raise ValueError(f"`scaling` must be one of {_SCALINGS}. Received: scaling={scaling!r}")
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return ops.convert_to_tensor(_numpy_orthogonal_features(num_features, dim, seed, scaling), dtype)
     num_blocks = -(-num_features // dim)
     block_size = num_blocks * dim * dim
-    # One draw split in two: two draws from the same integer seed would reuse
-    # the same random stream for the directions and the norms.
     total = block_size + (num_features * dim if scaling == "chi" else 0)
-    if isinstance(seed, int) and not isinstance(seed, bool):
-        gaussian = np.random.default_rng(seed).standard_normal(total, dtype=np.float32)
-    else:
-        gaussian = keras.random.normal((total,), seed=seed, dtype="float32")
-
+    gaussian = keras.random.normal((total,), seed=seed, dtype="float32")
     blocks = ops.reshape(gaussian[:block_size], (num_blocks, dim, dim))
     q, r = ops.linalg.qr(blocks)
     # QR routines leave the signs of R's diagonal arbitrary; flipping Q's
@@ -87,6 +83,29 @@ def orthogonal_random_features(num_features, dim, seed=None, scaling="chi", dtyp
     else:
         norms = ops.full((num_features,), math.sqrt(dim), dtype="float32")
     return ops.cast(directions * ops.expand_dims(norms, -1), dtype)
+
+
+def _numpy_orthogonal_features(num_features, dim, seed, scaling="chi"):
+    """`orthogonal_random_features` for an int seed, as a float32 NumPy array.
+
+    Computed on the host, so that layers whose features are fixed compute
+    them once, outside any traced function, the same on every backend.
+    """
+    num_blocks = -(-num_features // dim)
+    block_size = num_blocks * dim * dim
+    # One draw split in two: two draws from the same integer seed would reuse
+    # the same random stream for the directions and the norms.
+    total = block_size + (num_features * dim if scaling == "chi" else 0)
+    gaussian = np.random.default_rng(seed).standard_normal(total, dtype=np.float32)
+    q, r = np.linalg.qr(gaussian[:block_size].reshape(num_blocks, dim, dim))
+    # See above: positive diagonal of R, so that Q is Haar-distributed.
+    q = q * np.where(np.diagonal(r, axis1=-2, axis2=-1) < 0, -1.0, 1.0)[:, None, :]
+    directions = np.transpose(q, (0, 2, 1)).reshape(num_blocks * dim, dim)[:num_features]
+    if scaling == "chi":
+        norms = np.linalg.norm(gaussian[block_size:].reshape(num_features, dim), axis=-1)
+    else:
+        norms = np.full((num_features,), math.sqrt(dim), dtype=np.float32)
+    return (directions * norms[:, None]).astype(np.float32)
 
 
 def favor_feature_map(x, random_features, kernel="softmax", is_query=True, scale=None, eps=1e-6):
@@ -157,7 +176,9 @@ def favor_attention(
     below that maximum underflow to `eps` features.
 
     Args:
-        query: `(B, T, N, d)` tensor (MultiHeadAttention's projected layout).
+        query: `(B, T, N, d)` tensor (MultiHeadAttention's projected layout),
+            or `(B, T, d)` for a single head without a head axis (then `key`
+            and `value` are `(B, S, d)` and `(B, S, d_v)`, and so is the result).
         key: `(B, S, N, d)` tensor.
         value: `(B, S, N, d_v)` tensor.
         random_features: `(m, d)` tensor of random features.
@@ -189,14 +210,25 @@ def favor_attention(
             "`causal=True` requires as many queries as keys. "
             f"Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
         )
+    single_head = len(query.shape) == 3
+    if single_head and causal:
+        expand = lambda x: None if x is None else ops.expand_dims(x, 2)  # noqa: E731
+        out = favor_attention(expand(query), expand(key), expand(value), random_features, kernel, True, key_mask, scale, eps)
+        return out[:, :, 0, :]
     valid = None
     if key_mask is not None:
-        valid = ops.cast(key_mask, "bool")[:, :, None, None]
-    q_prime = _feature_map(query, random_features, kernel, True, scale, eps)
-    k_prime = _feature_map(key, random_features, kernel, False, scale, eps, valid=valid)
+        valid = ops.cast(key_mask, "bool")[:, :, None] if single_head else ops.cast(key_mask, "bool")[:, :, None, None]
+    q_prime = _feature_map(query, random_features, kernel, True, scale, eps, normalise=False)
+    k_prime = _feature_map(
+        key, random_features, kernel, False, scale, eps, valid=valid, normalise=False, sequence_axis=-2 if single_head else -3
+    )
     v = ops.cast(value, "float32")
     if causal:
         numerator, denominator = _causal_sums(q_prime, k_prime, v)
+    elif single_head:
+        # No head axis: plain batched matrix products, no transposes.
+        numerator = ops.matmul(q_prime, ops.einsum("bsm,bsd->bmd", k_prime, v))
+        denominator = ops.matmul(q_prime, ops.sum(k_prime, axis=1)[:, :, None])[:, :, 0]
     else:
         kv = ops.einsum("bsnm,bsnd->bnmd", k_prime, v)
         numerator = ops.einsum("btnm,bnmd->btnd", q_prime, kv)
@@ -216,32 +248,52 @@ def _validate(kernel, scale, eps):
         raise ValueError(f"`eps` must be non-negative. Received: eps={eps}")
 
 
-def _feature_map(x, random_features, kernel, is_query, scale, eps, valid=None):
-    """`favor_feature_map`, with keys outside `valid` left out of the stabiliser and zeroed."""
+def _feature_map(x, random_features, kernel, is_query, scale, eps, valid=None, normalise=True, sequence_axis=-3):
+    """`favor_feature_map`, with keys outside `valid` left out of the stabiliser and zeroed.
+
+    `normalise=False` leaves out the constant `m^-1/2`, which cancels in
+    attention's ratio: one pass less over the `(..., L, N, m)` features.
+    `sequence_axis` is -3 for `(..., L, N, d)` inputs, -2 for one head
+    without a head axis, `(B, L, d)`.
+    """
     _validate(kernel, scale, eps)
     dim = x.shape[-1]
     if scale is None:
         scale = 1.0 / math.sqrt(dim)
     num_features = random_features.shape[0]
-    x = ops.cast(x, "float32") * math.sqrt(scale)
-    projection = ops.einsum("...d,md->...m", x, ops.cast(random_features, "float32"))
+    x = ops.cast(x, "float32")
+    # Scaling the (m, d) features rather than x by sqrt(scale) saves a pass
+    # over the inputs: W (sqrt(s) x) = (sqrt(s) W) x.
+    projection = ops.einsum("...d,md->...m", x, ops.cast(random_features, "float32") * math.sqrt(scale))
     if kernel == "relu":
         features = ops.relu(projection)
+    elif is_query and valid is None:
+        # The query stabiliser is the row maximum of `W x - s |x|^2 / 2`; the
+        # second term is constant along the row, so it cancels and
+        # `exponent - stabiliser = W x - max(W x)` exactly.
+        features = ops.exp(projection - ops.stop_gradient(ops.max(projection, axis=-1, keepdims=True)))
     else:
-        exponent = projection - 0.5 * ops.sum(ops.square(x), axis=-1, keepdims=True)
+        half_norm = (0.5 * scale) * ops.sum(ops.square(x), axis=-1, keepdims=True)
+        row_max = ops.max(projection, axis=-1, keepdims=True)
         if valid is not None:
             # Padding keys must neither set the stabiliser (their values are
             # arbitrary) nor reach exp; a finite floor keeps gradients clean.
-            exponent = ops.where(valid, exponent, -1e30)
+            row_max = ops.where(valid, row_max, -1e30)
+        # The maximum of `W x - s |x|^2 / 2` over the features (and, for keys,
+        # the sequence), from the (..., L, N, 1) row maxima: no full pass.
         if is_query:
-            stabiliser = ops.max(exponent, axis=-1, keepdims=True)
+            stabiliser = row_max - half_norm
         else:
-            stabiliser = ops.max(exponent, axis=(-3, -1), keepdims=True)
-        exponent = exponent - ops.stop_gradient(stabiliser)
+            stabiliser = ops.max(row_max - half_norm, axis=sequence_axis, keepdims=True)
+        exponent = projection - (half_norm + ops.stop_gradient(stabiliser))
+        if valid is not None:
+            exponent = ops.where(valid, exponent, -1e30)
         features = ops.exp(exponent)
     # eps is relative to the largest softmax feature (1 after stabilisation),
     # so its bias does not grow with the number of features.
-    features = (features + eps) / math.sqrt(num_features)
+    features = features + eps
+    if normalise:
+        features = features / math.sqrt(num_features)
     if valid is not None:
         features = features * ops.cast(valid, "float32")
     return features

@@ -297,6 +297,23 @@ class TestFavorAttention(TestCase):
         expected = np_kernel_attention(q_features, k_features, v, causal=causal, key_mask=key_mask)
         self.assertAllClose(actual, expected, atol=1e-5, rtol=1e-4)
 
+    @pytest.mark.parametrize("kernel", ["softmax", "relu"])
+    @pytest.mark.parametrize("causal", [False, True])
+    def test_single_head_without_head_axis(self, kernel, causal):
+        # (B, L, d) inputs: the explicit kernel matrix of one head.
+        q, k, v = random_qkv(6, length=40, heads=1)
+        key_mask = np.ones((2, 40), bool)
+        key_mask[1, 25:] = False
+        w = to_numpy(orthogonal_random_features(16, 8, seed=0))
+        actual = favor_attention(q[:, :, 0], k[:, :, 0], v[:, :, 0], w, kernel, causal, key_mask, eps=1e-3)
+        q_features = np_features(q, w, kernel, True, eps=1e-3)
+        k_features = np.zeros(q_features.shape)
+        for b in range(2):
+            k_features[b, key_mask[b]] = np_features(k[b][key_mask[b]][None], w, kernel, False, eps=1e-3)[0]
+        expected = np_kernel_attention(q_features, k_features, v, causal=causal, key_mask=key_mask)
+        assert tuple(actual.shape) == (2, 40, v.shape[-1])
+        self.assertAllClose(actual, expected[:, :, 0], atol=1e-5, rtol=1e-4)
+
     @pytest.mark.parametrize("causal", [False, True])
     def test_key_mask_equals_dropping_keys(self, causal):
         q, k, v = random_qkv(4)
