@@ -1,0 +1,45 @@
+"""WeightNormConv2D: the kernel it convolves with, against a NumPy formula."""
+
+import keras
+import numpy as np
+
+from keras_avae.layers.weight_norm_conv2d import WeightNormConv2D
+from tests.test_case import TestCase
+from tests.test_case import to_numpy
+
+
+class TestWeightNormConv2D(TestCase):
+    def test_layer_basics(self):
+        self.run_layer_test(
+            WeightNormConv2D,
+            init_kwargs={"filters": 3, "kernel_size": 3, "strides": 2},
+            input_data=np.random.default_rng(0).normal(size=(2, 6, 6, 2)).astype("float32"),
+            expected_output_shape=(2, 3, 3, 3),
+            expected_num_trainable_weights=3,
+        )
+
+    def test_output_is_conv_with_the_normalised_kernel(self):
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(2, 5, 5, 4)).astype("float32")
+        layer = WeightNormConv2D(3, 3, padding="valid")
+        layer.build(x.shape)
+        kernel = rng.normal(size=(3, 3, 4, 3))
+        log_g = rng.normal(size=(3,))
+        bias = rng.normal(size=(3,))
+        layer.set_weights([kernel.astype("float32"), log_g.astype("float32"), bias.astype("float32")])
+
+        # w = v / ||v|| * exp(log_g), the norm per output channel (float64).
+        w = kernel / np.sqrt(np.sum(kernel**2, axis=(0, 1, 2))) * np.exp(log_g)
+        expected = np.zeros((2, 3, 3, 3))
+        for i in range(3):
+            for j in range(3):
+                patch = x[:, i : i + 3, j : j + 3, :].astype("float64")
+                expected[:, i, j, :] = np.einsum("bhwc,hwco->bo", patch, w) + bias
+        self.assertAllClose(to_numpy(layer(x)), expected, atol=1e-5, rtol=1e-5)
+
+    def test_log_g_starts_at_the_kernel_norm(self):
+        layer = WeightNormConv2D(3, 1)
+        layer.build((1, 4, 4, 2))
+        kernel = keras.ops.convert_to_numpy(layer.kernel).astype("float64")
+        expected = np.log(np.sqrt(np.sum(kernel**2, axis=(0, 1, 2))))
+        self.assertAllClose(to_numpy(layer.log_g), expected, atol=1e-6, rtol=1e-6)
