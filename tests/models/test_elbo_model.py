@@ -1,0 +1,86 @@
+"""ELBOModel's fused weight regularisation against a NumPy sum over the weights."""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_avae.models.hierarchical_vae import HierarchicalVAE
+from tests.models.test_hierarchical_vae import TINY
+from tests.models.test_hierarchical_vae import shapes_batch
+from tests.test_case import BACKEND
+from tests.test_case import TestCase
+from tests.test_case import to_numpy
+
+L2 = 1e-3
+
+
+def _penalty(model):
+    return ops.sum(ops.stack(model._added_losses() + model._regularization_losses()))
+
+
+def _penalty_gradients(model):
+    """Gradients of the fused penalty with respect to `model.trainable_weights`."""
+    weights = model.trainable_weights
+    if BACKEND == "jax":
+        import jax
+
+        def f(values):
+            with keras.StatelessScope(state_mapping=list(zip(weights, values))):
+                return _penalty(model)
+
+        grads = jax.grad(f)([v.value for v in weights])
+    elif BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            penalty = _penalty(model)
+        grads = tape.gradient(penalty, [v.value for v in weights])
+    else:
+        import torch
+
+        values = [v.value for v in weights]
+        grads = torch.autograd.grad(_penalty(model), values, allow_unused=True)
+    return [None if g is None else to_numpy(g) for g in grads]
+
+
+class TestRegularization(TestCase):
+    def _model(self):
+        model = HierarchicalVAE(**dict(TINY, l2=L2))
+        model.build()
+        return model
+
+    def test_penalty_is_l2_times_the_sum_of_squares(self):
+        model = self._model()
+        regularized = [v for v in model.trainable_weights if v.regularizer is not None]
+        # Every conv, norm, gate and constant; the attention scales are not.
+        assert 0 < len(regularized) < len(model.trainable_weights)
+        expected = L2 * sum(np.sum(to_numpy(v) ** 2) for v in regularized)
+        self.assertAllClose(to_numpy(_penalty(model)), expected, rtol=1e-5)
+        # The same sum as Keras' one loss per weight.
+        keras_sum = sum(to_numpy(term) for term in model.losses)
+        self.assertAllClose(to_numpy(_penalty(model)), keras_sum, rtol=1e-5)
+
+    def test_penalty_gradient_is_two_l2_w(self):
+        model = self._model()
+        grads = _penalty_gradients(model)
+        for variable, grad in zip(model.trainable_weights, grads):
+            if variable.regularizer is None:
+                assert grad is None or not np.any(grad), variable.path
+            else:
+                self.assertAllClose(grad, 2 * L2 * to_numpy(variable), atol=1e-9, rtol=1e-5, msg=variable.path)
+
+    def test_compute_loss_adds_the_penalty_once(self):
+        model = self._model()
+        x = shapes_batch(4)
+        y_pred = model(x)
+        loss = to_numpy(model.compute_loss(x=x, y_pred=y_pred))
+        pred = to_numpy(y_pred)
+        expected = pred["nll"].mean() + pred["kl"].mean() + sum(to_numpy(term) for term in model.losses)
+        self.assertAllClose(loss, expected, rtol=1e-5)
+
+    def test_other_regularizers_and_added_losses_still_count(self):
+        model = self._model()
+        model.top_constant.regularizer = keras.regularizers.L1(0.5)
+        model.add_loss(ops.convert_to_tensor(3.0))
+        expected = sum(to_numpy(term) for term in model.losses)
+        self.assertAllClose(to_numpy(_penalty(model)), expected, rtol=1e-5)
