@@ -49,8 +49,8 @@ def names():
 
     Example:
 
-    >>> names()[:2]
-    ['cifar10-attentive', 'cifar10-baseline']
+    >>> names()[:3]
+    ['cifar10-attentive', 'cifar10-attentive-small', 'cifar10-baseline']
     """
     return sorted(_entries())
 
