@@ -1,8 +1,12 @@
 """Smoke tests of the scripts in benchmarks/ (tiny sizes, current backend)."""
 
+import json
 import os
+import signal
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,3 +36,48 @@ def test_evaluation_speed_benchmark_runs():
     row = next(line for line in done.stdout.splitlines() if line.startswith("| mnist-baseline-small"))
     cells = row.split("|")
     assert float(cells[2]) > 0 and float(cells[3]) > 0
+
+
+def _run_train_throughput(*extra):
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "train_throughput.py")]
+    command += ["--quick", "--entries", "mnist-baseline-small", *extra]
+    # A session of its own: a timeout ends the script's measurement processes too.
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=1200)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
+    assert process.returncode == 0, stderr[-2000:]
+    lines = stdout.splitlines()
+    header = next(line for line in lines if line.startswith("| backend |"))
+    for column in ("images/s", "GFLOP/s", "conv GFLOP/s", "fraction of conv", "first-step trace s", "train/bare"):
+        assert f"| {column} |" in header
+    rows = [line.split("|")[1:-1] for line in lines if line.startswith("| ") and "mnist-baseline-small" in line]
+    assert not any(line.startswith("failed:") for line in lines), stdout
+    return [[cell.strip() for cell in row] for row in rows]
+
+
+@pytest.mark.slow
+def test_train_throughput_benchmark_runs():
+    (row,) = _run_train_throughput()
+    assert row[2].startswith("new")
+    # images/s, step ms, GFLOP/s, conv GFLOP/s, fraction, trace, train ms/step, train/bare
+    for cell in row[3:]:
+        assert float(cell) >= 0
+    assert float(row[3]) > 0 and float(row[5]) > 0 and float(row[9]) > 0
+
+
+@pytest.mark.slow
+def test_train_throughput_benchmark_against_a_revision(tmp_path):
+    # HEAD as the old code: exercises the extraction and the old/new rows.
+    path = tmp_path / "figures.json"
+    old, new, ratio = _run_train_throughput("--baseline-rev", "HEAD", "--no-train", "--json", str(path))
+    assert old[2].startswith("old (") and new[2].startswith("new") and ratio[2] == "**new vs old**"
+    assert float(old[3]) > 0 and float(new[3]) > 0 and ratio[3].endswith("x")
+    assert old[9] == "n/a"  # --no-train
+    figures = json.loads(path.read_text())
+    baseline = next(r for r in figures["results"] if r["version"] == "old")
+    assert baseline["flops"] > 0 and baseline["rounds"]["step"][0]["keras_avae"] != os.path.join(ROOT, "keras_avae")
