@@ -168,12 +168,20 @@ class NonLocalBlock(keras.layers.Layer):
 
     def call(self, inputs, training=None):
         batch = ops.shape(inputs)[0]
+        # The three 1x1 convolutions as one matrix product over the channels
+        # (their kernels side by side): one pass over the inputs, and no
+        # layout changes on any backend.
+        kernels = [ops.cast(conv.kernel[0, 0], self.compute_dtype) for conv in (self.theta, self.phi, self.g)]
+        projected = ops.matmul(ops.reshape(inputs, (batch, -1, inputs.shape[-1])), ops.concatenate(kernels, axis=1))
+        if self.use_bias:
+            biases = [ops.cast(conv.bias, self.compute_dtype) for conv in (self.theta, self.phi, self.g)]
+            projected = projected + ops.concatenate(biases, axis=0)
         # (B, HW, channels) in float32: the logits, softmax (or FAVOR+
         # features) and the weighted sum over all positions.
-        theta = ops.cast(ops.reshape(self.theta(inputs), (batch, -1, self.key_dim)), "float32")
-        phi = ops.cast(ops.reshape(self.phi(inputs), (batch, -1, self.key_dim)), "float32")
-        g = self.g(inputs)
-        g = ops.cast(ops.reshape(g, (batch, -1, g.shape[-1])), "float32")
+        projected = ops.cast(projected, "float32")
+        theta = projected[:, :, : self.key_dim]
+        phi = projected[:, :, self.key_dim : 2 * self.key_dim]
+        g = projected[:, :, 2 * self.key_dim :]
         if self.attention == "softmax":
             # Unscaled logits, as in the reference (no 1/sqrt(key_dim)).
             scores = ops.softmax(ops.einsum("bpk,bqk->bpq", theta, phi), axis=-1)

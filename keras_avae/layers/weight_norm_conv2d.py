@@ -117,7 +117,7 @@ class WeightNormConv2D(keras.layers.Layer):
         kernel = ops.cast(self.kernel, "float32")
         scale = ops.exp(ops.cast(self.log_g, "float32")) * ops.rsqrt(self._squared_norm(kernel))
         kernel = ops.cast(kernel * scale, self.compute_dtype)
-        outputs = ops.conv(inputs, kernel, strides=self.strides, padding=self.padding)
+        outputs = conv2d_channels_last(inputs, kernel, self.strides, self.padding)
         if self.use_bias:
             outputs = outputs + ops.cast(self.bias, self.compute_dtype)
         return outputs
@@ -150,3 +150,33 @@ class WeightNormConv2D(keras.layers.Layer):
             }
         )
         return config
+
+
+def conv2d_channels_last(inputs, kernel, strides, padding):
+    """`ops.conv` for `(B, H, W, C)` inputs and `(k, k, C, F)` kernels.
+
+    On torch, `ops.conv` copies the inputs to channels-first and back, and
+    the output again, on every call. Permuted views of the same memory are
+    what torch calls the channels-last format, which its CPU and GPU
+    convolutions take as they are: no copies.
+    """
+    if keras.backend.backend() != "torch":
+        return ops.conv(inputs, kernel, strides=strides, padding=padding)
+    import torch.nn.functional as F
+
+    inputs = ops.convert_to_tensor(inputs)
+    kernel = ops.convert_to_tensor(kernel)
+    size = kernel.shape[0]
+    pad = 0
+    if padding == "same":
+        # TensorFlow's "same": any odd total padding goes after, not before.
+        pads = []
+        for length in inputs.shape[1:3]:
+            total = max((-(-length // strides) - 1) * strides + size - length, 0)
+            pads.append((total // 2, total - total // 2))
+        if all(before == after for before, after in pads):
+            pad = (pads[0][0], pads[1][0])
+        else:
+            inputs = F.pad(inputs, (0, 0, pads[1][0], pads[1][1], pads[0][0], pads[0][1]))
+    outputs = F.conv2d(inputs.permute(0, 3, 1, 2), kernel.permute(3, 2, 0, 1), stride=strides, padding=pad)
+    return outputs.permute(0, 2, 3, 1)
