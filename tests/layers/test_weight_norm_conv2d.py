@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import pytest
 
 from keras_avae.layers.weight_norm_conv2d import WeightNormConv2D
 from tests.test_case import TestCase
@@ -18,22 +19,36 @@ class TestWeightNormConv2D(TestCase):
             expected_num_trainable_weights=3,
         )
 
-    def test_output_is_conv_with_the_normalised_kernel(self):
+    @pytest.mark.parametrize(
+        "size,kernel_size,strides,padding",
+        [(5, 3, 1, "valid"), (5, 3, 1, "same"), (6, 3, 2, "same"), (7, 3, 2, "same"), (8, 1, 2, "same"), (7, 3, 2, "valid")],
+    )
+    def test_output_is_conv_with_the_normalised_kernel(self, size, kernel_size, strides, padding):
         rng = np.random.default_rng(0)
-        x = rng.normal(size=(2, 5, 5, 4)).astype("float32")
-        layer = WeightNormConv2D(3, 3, padding="valid")
+        x = rng.normal(size=(2, size, size, 4)).astype("float32")
+        layer = WeightNormConv2D(3, kernel_size, strides=strides, padding=padding)
         layer.build(x.shape)
-        kernel = rng.normal(size=(3, 3, 4, 3))
+        kernel = rng.normal(size=(kernel_size, kernel_size, 4, 3))
         log_g = rng.normal(size=(3,))
         bias = rng.normal(size=(3,))
         layer.set_weights([kernel.astype("float32"), log_g.astype("float32"), bias.astype("float32")])
 
         # w = v / ||v|| * exp(log_g), the norm per output channel (float64).
         w = kernel / np.sqrt(np.sum(kernel**2, axis=(0, 1, 2))) * np.exp(log_g)
-        expected = np.zeros((2, 3, 3, 3))
-        for i in range(3):
-            for j in range(3):
-                patch = x[:, i : i + 3, j : j + 3, :].astype("float64")
+        padded = x.astype("float64")
+        if padding == "same":
+            # TensorFlow's "same": out = ceil(in / stride), odd padding after.
+            out = -(-size // strides)
+            total = max((out - 1) * strides + kernel_size - size, 0)
+            before = total // 2
+            padded = np.pad(padded, ((0, 0), (before, total - before), (before, total - before), (0, 0)))
+        else:
+            out = (size - kernel_size) // strides + 1
+        expected = np.zeros((2, out, out, 3))
+        for i in range(out):
+            for j in range(out):
+                r, c = i * strides, j * strides
+                patch = padded[:, r : r + kernel_size, c : c + kernel_size, :]
                 expected[:, i, j, :] = np.einsum("bhwc,hwco->bo", patch, w) + bias
         self.assertAllClose(to_numpy(layer(x)), expected, atol=1e-5, rtol=1e-5)
 
