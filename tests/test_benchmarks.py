@@ -61,23 +61,20 @@ def _run_train_throughput(*extra):
 
 
 @pytest.mark.slow
-def test_train_throughput_benchmark_runs():
-    (row,) = _run_train_throughput()
-    assert row[2].startswith("new")
-    # images/s, step ms, GFLOP/s, conv GFLOP/s, fraction, trace, train ms/step, train/bare
-    for cell in row[3:]:
-        assert float(cell) >= 0
-    assert float(row[3]) > 0 and float(row[5]) > 0 and float(row[9]) > 0
-
-
-@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
+    reason="every figure comes from child processes; run once, on TensorFlow, to keep CI short",
+)
 def test_train_throughput_benchmark_against_a_revision(tmp_path):
-    # HEAD as the old code: exercises the extraction and the old/new rows.
+    # HEAD as the old code: exercises the extraction, the old/new rows and
+    # the `keras-avae train` per-step figure.
     path = tmp_path / "figures.json"
-    old, new, ratio = _run_train_throughput("--baseline-rev", "HEAD", "--no-train", "--json", str(path))
+    old, new, ratio = _run_train_throughput("--baseline-rev", "HEAD", "--train-steps", "3", "--json", str(path))
     assert old[2].startswith("old (") and new[2].startswith("new") and ratio[2] == "**new vs old**"
-    assert float(old[3]) > 0 and float(new[3]) > 0 and ratio[3].endswith("x")
-    assert old[9] == "n/a"  # --no-train
+    # images/s, step ms, GFLOP/s, conv GFLOP/s, fraction, trace, train ms/step, train/bare
+    for row in (old, new):
+        assert all(float(cell) > 0 for cell in row[3:]), row
+    assert ratio[3].endswith("x")
     figures = json.loads(path.read_text())
     baseline = next(r for r in figures["results"] if r["version"] == "old")
     assert baseline["flops"] > 0 and baseline["rounds"]["step"][0]["keras_avae"] != os.path.join(ROOT, "keras_avae")
