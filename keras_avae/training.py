@@ -1374,7 +1374,7 @@ def _infer_steps_per_epoch(dataset, steps_per_epoch, batch_size):
     )
 
 
-def _build_model(model, strategy, config_overrides):
+def _build_model(model, strategy, config_overrides, recorded_feature_seed=None):
     """A built model from a zoo name, a model, or a zero-argument factory."""
     replicas = num_replicas(strategy)
     if isinstance(model, str):
@@ -1382,6 +1382,13 @@ def _build_model(model, strategy, config_overrides):
         overrides = dict(config_overrides or {})
         sync = overrides.pop("synchronized_batch_norm", None)
         config = zoo.config(model, **overrides)
+        if "nonlocal_feature_seed" in config and config["nonlocal_feature_seed"] is None:
+            # Every worker, and every resume, must draw the same random
+            # features: a seed resolved at random in each process would not.
+            if recorded_feature_seed is not None:
+                config["nonlocal_feature_seed"] = recorded_feature_seed
+            else:
+                config["nonlocal_feature_seed"] = config.get("seed") or 0
         family = zoo._FAMILIES[entry["family"]]
         accepts_sync = "synchronized_batch_norm" in inspect.signature(family.__init__).parameters
         if sync is None:
@@ -1481,6 +1488,15 @@ def _gpu_visible():
 
         return torch.cuda.is_available()
     return False
+
+
+def _recorded_feature_seed(path):
+    """The `nonlocal_feature_seed` a run folder's `run.json` records, if any."""
+    try:
+        with open(path) as f:
+            return json.load(f)["config"].get("nonlocal_feature_seed")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _check_run_record(path, record):
@@ -1654,7 +1670,7 @@ def train(
 
     scope = strategy.scope() if strategy is not None and BACKEND == "tensorflow" else contextlib.nullcontext()
     with scope:
-        model = _build_model(model, strategy, config_overrides)
+        model = _build_model(model, strategy, config_overrides, _recorded_feature_seed(output_dir / "run.json"))
         optimizer = make_optimizer(recipe, steps_per_epoch, epochs)
         model.compile(optimizer=optimizer, jit_compile=jit_compile)
         optimizer.build(model.trainable_variables)

@@ -168,14 +168,19 @@ class NonLocalBlock(keras.layers.Layer):
 
     def call(self, inputs, training=None):
         batch = ops.shape(inputs)[0]
-        # The three 1x1 convolutions as one matrix product over the channels
-        # (their kernels side by side): one pass over the inputs, and no
-        # layout changes on any backend.
-        kernels = [ops.cast(conv.kernel[0, 0], self.compute_dtype) for conv in (self.theta, self.phi, self.g)]
-        projected = ops.matmul(ops.reshape(inputs, (batch, -1, inputs.shape[-1])), ops.concatenate(kernels, axis=1))
-        if self.use_bias:
-            biases = [ops.cast(conv.bias, self.compute_dtype) for conv in (self.theta, self.phi, self.g)]
-            projected = projected + ops.concatenate(biases, axis=0)
+        convs = (self.theta, self.phi, self.g)
+        if all(_is_pointwise(conv) for conv in convs):
+            # The three 1x1 convolutions as one matrix product over the
+            # channels (their kernels side by side): one pass over the
+            # inputs, and no layout changes on any backend.
+            kernels = [ops.cast(conv.kernel[0, 0], self.compute_dtype) for conv in convs]
+            projected = ops.matmul(ops.reshape(inputs, (batch, -1, inputs.shape[-1])), ops.concatenate(kernels, axis=1))
+            if self.use_bias:
+                projected = projected + ops.concatenate([ops.cast(conv.bias, self.compute_dtype) for conv in convs], 0)
+        else:  # projections changed by a subclass (see `_conv`)
+            projected = ops.concatenate(
+                [ops.reshape(conv(inputs), (batch, -1, conv.filters)) for conv in convs], axis=-1
+            )
         # (B, HW, channels) in float32: the logits, softmax (or FAVOR+
         # features) and the weighted sum over all positions.
         projected = ops.cast(projected, "float32")
@@ -224,6 +229,18 @@ class NonLocalBlock(keras.layers.Layer):
             }
         )
         return config
+
+
+def _is_pointwise(conv):
+    """Whether `conv` is exactly a 1x1, stride-1, linear `Conv2D` (a matrix product)."""
+    return (
+        type(conv) is keras.layers.Conv2D
+        and tuple(conv.kernel_size) == (1, 1)
+        and tuple(conv.strides) == (1, 1)
+        and tuple(conv.dilation_rate) == (1, 1)
+        and conv.groups == 1
+        and conv.activation is keras.activations.linear
+    )
 
 
 def _is_positive_int(x):

@@ -117,7 +117,7 @@ class WeightNormConv2D(keras.layers.Layer):
         kernel = ops.cast(self.kernel, "float32")
         scale = ops.exp(ops.cast(self.log_g, "float32")) * ops.rsqrt(self._squared_norm(kernel))
         kernel = ops.cast(kernel * scale, self.compute_dtype)
-        outputs = conv2d_channels_last(inputs, kernel, self.strides, self.padding)
+        outputs = _conv2d_channels_last(inputs, kernel, self.strides, self.padding)
         if self.use_bias:
             outputs = outputs + ops.cast(self.bias, self.compute_dtype)
         return outputs
@@ -152,7 +152,7 @@ class WeightNormConv2D(keras.layers.Layer):
         return config
 
 
-def conv2d_channels_last(inputs, kernel, strides, padding):
+def _conv2d_channels_last(inputs, kernel, strides, padding):
     """`ops.conv` for `(B, H, W, C)` inputs and `(k, k, C, F)` kernels.
 
     On torch, `ops.conv` copies the inputs to channels-first and back, and
