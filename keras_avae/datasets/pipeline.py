@@ -7,6 +7,9 @@ it returns the distributed dataset (see its docstring).
 
 import numpy as np
 
+from keras_avae.datasets.binarization import _check_binarize
+from keras_avae.datasets.binarization import _dynamic_binarize
+from keras_avae.datasets.binarization import _resolve_binarize
 from keras_avae.datasets.binarization import _static_binarize
 from keras_avae.datasets.common import _check_name
 from keras_avae.datasets.common import _check_split
@@ -132,42 +135,23 @@ def make_dataset(
     ...     seed=1)                                              # doctest: +SKIP
     >>> model.fit(train, epochs=10)                              # doctest: +SKIP
     """
-    _check_name(name)
-    _check_split(split)
-    if not _is_int(batch_size, 1):
-        raise ValueError(f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}")
-    if binarize not in ("auto", "dynamic", "static", None):
-        raise ValueError(f"`binarize` must be 'auto', 'dynamic', 'static' or None. Received: binarize={binarize!r}")
-    if name == "cifar10" and binarize not in ("auto", None):
-        raise ValueError(f"CIFAR-10 is not binarised; pass binarize=None or 'auto'. Received: binarize={binarize!r}")
-    if random_flip and name != "cifar10":
-        raise ValueError(
-            f"`random_flip` applies to CIFAR-10 only (mirrored digits and characters are other symbols). "
-            f"Received: random_flip={random_flip!r} with name={name!r}"
-        )
-    if limit is not None and not _is_int(limit, 1):
-        raise ValueError(f"`limit` must be a positive int or None. Received: limit={limit!r}")
-    if seed is not None and not _is_int(seed, 0):
-        raise ValueError(f"`seed` must be a non-negative int or None. Received: seed={seed!r}")
-    if shuffle_buffer_size is not None and not _is_int(shuffle_buffer_size, 1):
-        raise ValueError(
-            "`shuffle_buffer_size` must be a positive int or None. "
-            f"Received: shuffle_buffer_size={shuffle_buffer_size!r}"
-        )
-    if strategy is not None and input_context is not None:
-        raise ValueError("Pass `strategy` or `input_context`, not both. Received: both")
-    for replicas in (getattr(context, "num_replicas_in_sync", None) for context in (strategy, input_context)):
-        if replicas and batch_size % replicas:
-            raise ValueError(
-                f"`batch_size` is the global batch size and must be divisible by the {replicas} replicas. "
-                f"Received: batch_size={batch_size}"
-            )
+    _check_arguments(
+        name,
+        split,
+        batch_size=batch_size,
+        binarize=binarize,
+        random_flip=random_flip,
+        limit=limit,
+        seed=seed,
+        shuffle_buffer_size=shuffle_buffer_size,
+        strategy=strategy,
+        input_context=input_context,
+    )
     if strategy is not None and seed is None:
         seed = 0  # Every worker must shuffle, binarise and flip alike.
     shuffle = split == "train" if shuffle is None else bool(shuffle)
     drop_remainder = split == "train" if drop_remainder is None else bool(drop_remainder)
-    if binarize == "auto":
-        binarize = None if name == "cifar10" else ("dynamic" if split == "train" else "static")
+    binarize = _resolve_binarize(name, split, binarize)
 
     images, labels = load(name, data_dir, split)
     if limit is not None:
@@ -197,6 +181,49 @@ def make_dataset(
         dataset_options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
         return strategy.experimental_distribute_dataset(dataset.with_options(dataset_options))
     return _pipeline(tf, images, labels, input_context=input_context, **options)
+
+
+def _check_arguments(
+    name,
+    split,
+    *,
+    batch_size,
+    binarize,
+    random_flip,
+    limit,
+    seed,
+    shuffle_buffer_size,
+    strategy,
+    input_context,
+):
+    """Raises the `ValueError` of `make_dataset`'s first invalid argument."""
+    _check_name(name)
+    _check_split(split)
+    if not _is_int(batch_size, 1):
+        raise ValueError(f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}")
+    _check_binarize(name, binarize)
+    if random_flip and name != "cifar10":
+        raise ValueError(
+            f"`random_flip` applies to CIFAR-10 only (mirrored digits and characters are other symbols). "
+            f"Received: random_flip={random_flip!r} with name={name!r}"
+        )
+    if limit is not None and not _is_int(limit, 1):
+        raise ValueError(f"`limit` must be a positive int or None. Received: limit={limit!r}")
+    if seed is not None and not _is_int(seed, 0):
+        raise ValueError(f"`seed` must be a non-negative int or None. Received: seed={seed!r}")
+    if shuffle_buffer_size is not None and not _is_int(shuffle_buffer_size, 1):
+        raise ValueError(
+            "`shuffle_buffer_size` must be a positive int or None. "
+            f"Received: shuffle_buffer_size={shuffle_buffer_size!r}"
+        )
+    if strategy is not None and input_context is not None:
+        raise ValueError("Pass `strategy` or `input_context`, not both. Received: both")
+    for replicas in (getattr(context, "num_replicas_in_sync", None) for context in (strategy, input_context)):
+        if replicas and batch_size % replicas:
+            raise ValueError(
+                f"`batch_size` is the global batch size and must be divisible by the {replicas} replicas. "
+                f"Received: batch_size={batch_size}"
+            )
 
 
 def _pipeline(
@@ -243,8 +270,7 @@ def _pipeline(
         else:
             x = x / grey_scale
             if dynamic:
-                u = tf.random.stateless_uniform(tf.shape(x), seed=pair_seed)
-                x = tf.cast(u < x, tf.float32)
+                x = _dynamic_binarize(tf, x, pair_seed)
             x = tf.pad(x, paddings)
         return (x, y) if with_labels else x
 
