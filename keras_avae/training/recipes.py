@@ -1,0 +1,123 @@
+"""The training recipe: DESIGN §5's values, a zoo entry's, and overrides.
+
+`resolve_recipe` gives the dict every other part of training reads
+(`make_optimizer`, `KLWarmup`, `train`); `split_overrides` routes the CLI's
+`--set key=value` pairs to the model config or to the recipe.
+"""
+
+import numpy as np
+
+from keras_avae import zoo
+
+
+#: DESIGN §5, used when `train` gets a model object rather than a zoo name.
+REFERENCE_RECIPE = {
+    "optimizer": "adamax",
+    "learning_rate": 1e-2,
+    "beta_1": 0.9,
+    "beta_2": 0.999,
+    "epsilon": 1e-3,
+    "warmup_epochs": 5,
+    "initial_learning_rate": 1e-4,
+    "min_learning_rate": 1e-4,
+    "epochs": 400,
+    "restart_epochs": None,
+    "kl_warmup_epochs": 16,
+    "kl_min": 0.1,
+    "batch_size_per_replica": 16,
+    "global_clipnorm": None,
+    "max_nonfinite_steps": 100,
+}
+
+# Keys a zoo entry may leave out take these values: "off", not the
+# reference recipe (mnist-gumbel has no KL or learning-rate warm-up).
+_NEUTRAL_RECIPE = {
+    "optimizer": "adamax",
+    "learning_rate": 1e-3,
+    "warmup_epochs": 0,
+    "initial_learning_rate": None,
+    "min_learning_rate": None,
+    "epochs": 1,
+    "restart_epochs": None,
+    "kl_warmup_epochs": 0,
+    "kl_min": 1.0,
+    "batch_size_per_replica": 16,
+    "global_clipnorm": None,
+    "max_nonfinite_steps": 100,
+}
+
+
+
+def resolve_recipe(name=None, **overrides):
+    """The training recipe of zoo entry `name` (or DESIGN §5) with overrides.
+
+    Args:
+        name: a zoo entry name, or `None` for `REFERENCE_RECIPE`.
+        **overrides: recipe values to change, e.g. `learning_rate=2e-3`.
+
+    Returns:
+        A dict with every key `make_optimizer` and `train` read.
+
+    Raises:
+        ValueError: for an override key the recipe does not have.
+
+    Example:
+
+    >>> resolve_recipe("mnist-baseline", epochs=3)["epochs"]
+    3
+    """
+    if name is None:
+        recipe = dict(REFERENCE_RECIPE)
+    else:
+        recipe = dict(_NEUTRAL_RECIPE)
+        recipe.update(zoo.describe(name)["training"])
+    unknown = sorted(set(overrides) - set(recipe))
+    if unknown:
+        raise ValueError(
+            f"Unknown training recipe key(s) {unknown}. Valid keys: {', '.join(sorted(recipe))}. "
+            f"Received: {overrides}"
+        )
+    recipe.update(overrides)
+    return recipe
+
+
+def split_overrides(name, overrides):
+    """Routes `key=value` overrides (the CLI's `--set`) to config or recipe.
+
+    Args:
+        name: a zoo entry name.
+        overrides: dict of overrides.
+
+    Returns:
+        `(config_overrides, recipe_overrides)`.
+
+    Raises:
+        ValueError: for a key that is neither.
+
+    Example:
+
+    >>> split_overrides("mnist-baseline", {"num_layers": 2, "epochs": 3})
+    ({'num_layers': 2}, {'epochs': 3})
+    """
+    config_keys = set(zoo.describe(name)["config"]) | {"seed", "synchronized_batch_norm", "dtype"}
+    recipe_keys = set(resolve_recipe(name))
+    config, recipe = {}, {}
+    for key, value in overrides.items():
+        if key in config_keys:
+            config[key] = value
+        elif key in recipe_keys:
+            recipe[key] = value
+        else:
+            raise ValueError(
+                f"Unknown override {key!r} for zoo entry {name!r}. Model keys: "
+                f"{', '.join(sorted(config_keys))}. Training keys: {', '.join(sorted(recipe_keys))}. "
+                f"Received: {key}={value!r}"
+            )
+    return config, recipe
+
+
+
+def _positive_int(name, value):
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
+    return int(value)

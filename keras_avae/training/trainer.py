@@ -1,0 +1,407 @@
+"""`train`: one call that builds, compiles, resumes, trains and saves a model.
+
+Everything the `keras-avae train` command does, as a library (DESIGN §5-6).
+"""
+
+import contextlib
+import importlib.util
+import inspect
+import json
+import math
+import pathlib
+import warnings
+
+import keras
+import numpy as np
+
+from keras_avae import zoo
+from keras_avae.training.atomic_files import _atomic_write
+from keras_avae.training.atomic_files import _atomic_write_text
+from keras_avae.training.callbacks import KLWarmup
+from keras_avae.training.callbacks import NonFiniteMonitor
+from keras_avae.training.callbacks import SampleGrid
+from keras_avae.training.callbacks import _ResumableGumbelSchedule
+from keras_avae.training.checkpoints import AtomicBackupAndRestore
+from keras_avae.training.distribute import _multi_worker_log_reduction
+from keras_avae.training.distribute import is_chief
+from keras_avae.training.distribute import num_replicas
+from keras_avae.training.optimizers import NonFiniteTrainingError
+from keras_avae.training.optimizers import make_optimizer
+from keras_avae.training.recipes import _positive_int
+from keras_avae.training.recipes import resolve_recipe
+from keras_avae.training.run_folder import _check_run_record
+from keras_avae.training.run_folder import _jsonable
+from keras_avae.training.run_folder import _recorded_feature_seed
+from keras_avae.training.run_folder import _truncate_history
+
+BACKEND = keras.backend.backend()
+
+
+def _first_images(data, n):
+    """Up to `n` images from a dataset, an array, or an `(x, ...)` tuple."""
+    if data is None:
+        return None
+    if isinstance(data, (tuple, list)):
+        data = data[0]
+    if isinstance(data, np.ndarray) or hasattr(data, "__array__") and not hasattr(data, "take"):
+        return np.asarray(data[:n])
+    if hasattr(data, "take"):  # tf.data.Dataset
+        batch = next(iter(data.take(1)))
+        if isinstance(batch, (tuple, list)):
+            batch = batch[0]
+        if isinstance(batch, dict):
+            batch = next(iter(batch.values()))
+        return np.asarray(batch)[:n]
+    return None
+
+
+
+def _infer_steps_per_epoch(dataset, steps_per_epoch, batch_size):
+    if steps_per_epoch is not None:
+        return _positive_int("steps_per_epoch", steps_per_epoch)
+    if isinstance(dataset, np.ndarray):
+        return max(1, math.ceil(len(dataset) / batch_size))
+    if hasattr(dataset, "cardinality"):
+        cardinality = int(dataset.cardinality())
+        if cardinality > 0:
+            return cardinality
+    raise ValueError(
+        "`steps_per_epoch` is needed for a dataset of unknown or infinite length "
+        f"(the learning-rate schedule and checkpoints count steps). Received: steps_per_epoch=None"
+    )
+
+
+
+def _build_model(model, strategy, config_overrides, recorded_feature_seed=None):
+    """A built model from a zoo name, a model, or a zero-argument factory."""
+    replicas = num_replicas(strategy)
+    if isinstance(model, str):
+        entry = zoo.describe(model)
+        overrides = dict(config_overrides or {})
+        sync = overrides.pop("synchronized_batch_norm", None)
+        config = zoo.config(model, **overrides)
+        if "nonlocal_feature_seed" in config and config["nonlocal_feature_seed"] is None:
+            # Every worker, and every resume, must draw the same random
+            # features: a seed resolved at random in each process would not.
+            if recorded_feature_seed is not None:
+                config["nonlocal_feature_seed"] = recorded_feature_seed
+            else:
+                config["nonlocal_feature_seed"] = config.get("seed") or 0
+        family = zoo._FAMILIES[entry["family"]]
+        accepts_sync = "synchronized_batch_norm" in inspect.signature(family.__init__).parameters
+        if sync is None:
+            # DESIGN §6: batch-norm statistics over the global batch. Only
+            # `tf.distribute` replicas keep separate statistics.
+            sync = accepts_sync and BACKEND == "tensorflow" and replicas > 1
+        if sync and not accepts_sync:
+            raise ValueError(
+                f"Zoo entry {model!r} ({family.__name__}) has no batch norm to synchronise. "
+                "Received: synchronized_batch_norm=True"
+            )
+        if accepts_sync:
+            config["synchronized_batch_norm"] = bool(sync)
+        built = family(**config)
+        built.build()
+        return built
+    if config_overrides:
+        raise ValueError(
+            "`config_overrides` apply to zoo names only; configure a model object yourself. "
+            f"Received: config_overrides={config_overrides}"
+        )
+    if not isinstance(model, keras.Model) and callable(model):
+        model = model()
+    if not isinstance(model, keras.Model):
+        raise ValueError(
+            f"`model` must be a zoo name, a keras.Model or a function returning one. Received: model={model!r}"
+        )
+    if not model.built:
+        model.build()
+    if replicas > 1:
+        import tensorflow as tf
+
+        variable = model.weights[0].value
+        if not isinstance(variable, tf.distribute.DistributedValues):
+            raise ValueError(
+                "A model trained under a multi-replica strategy must be created inside "
+                "`strategy.scope()`; pass a zoo name or a function that builds the model instead."
+            )
+    return model
+
+
+
+def compile_mode(model):
+    """How a compiled model's training step runs, in words (for logs and cards).
+
+    Keras's `jit_compile="auto"` uses XLA on TensorFlow only when an
+    accelerator is visible and no `tf.distribute` strategy is in use: on a
+    CPU, XLA's convolutions are 2-3x slower than oneDNN's graph kernels.
+
+    Example:
+
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> model.compile(loss="mse", jit_compile=False)
+    >>> compile_mode(model).startswith(keras.backend.backend())
+    True
+    """
+    devices = "GPU" if _gpu_visible() else "CPU"
+    if BACKEND == "jax":
+        return f"jax, jax.jit (XLA) on {devices}"
+    if BACKEND == "torch":
+        return f"torch, {'torch.compile' if model.jit_compile else 'eager'} on {devices}"
+    return f"tensorflow, tf.function graph {'with' if model.jit_compile else 'without'} XLA on {devices}"
+
+
+
+def _gpu_visible():
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return bool(tf.config.list_physical_devices("GPU"))
+    if BACKEND == "jax":
+        import jax
+
+        return jax.default_backend() == "gpu"
+    if BACKEND == "torch":
+        import torch
+
+        return torch.cuda.is_available()
+    return False
+
+
+
+def _save_final(model, output_dir, portable):
+    """`model.keras` (with the optimizer: to train further) and `model.weights.h5`.
+
+    The `.weights.h5` file holds the model's weights only, written from an
+    uncompiled copy: Keras would otherwise add the optimizer's slots (three
+    times the size), and it is the file `zoo.load(name, weights=...)`,
+    `keras-avae evaluate` and the shipped zoo weights use. Synchronised batch
+    norm exists only on TensorFlow, so a model trained with it is saved from
+    an unsynchronised copy (`portable`) that loads on every backend.
+    """
+    copy = None
+    try:
+        config = model.get_config()
+        if portable:
+            config = dict(config, synchronized_batch_norm=False)
+        copy = type(model).from_config(config)
+        copy.build()
+        copy.set_weights(model.get_weights())
+    except (TypeError, ValueError, NotImplementedError):
+        if portable:
+            raise
+        copy = None  # a user model without a config round trip: save as is
+    final = copy if portable else model
+    _atomic_write(output_dir / "model.keras", lambda tmp: final.save(str(tmp)), ".keras")
+    weights = copy if copy is not None else model
+    _atomic_write(output_dir / "model.weights.h5", lambda tmp: weights.save_weights(str(tmp)), ".weights.h5")
+
+
+
+def train(
+    model,
+    dataset,
+    output_dir,
+    epochs=None,
+    steps_per_epoch=None,
+    strategy=None,
+    validation_data=None,
+    *,
+    validation_steps=None,
+    batch_size=None,
+    config_overrides=None,
+    save_freq="epoch",
+    num_images=8,
+    tensorboard=True,
+    callbacks=None,
+    verbose="auto",
+    jit_compile="auto",
+    **recipe_overrides,
+):
+    """Trains a zoo entry (or a model), resumably, and saves it.
+
+    One call behind `keras-avae train`. Inside `strategy.scope()` it builds
+    the model (`synchronized_batch_norm=True` for zoo entries under a
+    multi-replica TensorFlow strategy), compiles it with `make_optimizer`
+    (Adamax, warm-up + cosine, `NonFiniteGuard`), restores the last
+    checkpoint in `output_dir/backup` if there is one, and calls `fit` with:
+
+    - `NonFiniteMonitor` (skipped steps; stop after `max_nonfinite_steps`),
+    - `KLWarmup` (ELBO models), the Gumbel temperature schedule for
+      `mnist-gumbel`,
+    - `CSVLogger(output_dir/"history.csv", append=True)`, truncated on resume
+      to the epochs the checkpoint holds,
+    - `TensorBoard(output_dir/"logs")`,
+    - `SampleGrid(output_dir/"samples")` (a PNG per epoch),
+    - `AtomicBackupAndRestore(output_dir/"backup", save_freq)`.
+
+    A run killed at any moment (SIGKILL included) and started again with the
+    same call resumes from its last checkpoint with weights, optimizer state,
+    epoch and step (an interrupted epoch continues with its remaining
+    steps), KL coefficient and learning-rate step. At the end it writes
+    `model.keras` and `model.weights.h5` (atomically; the checkpoint stays, so
+    calling again is a no-op and a larger `epochs` continues the run, the
+    cosine stretched to the new length). After
+    a run with synchronised batch norm both files come from a copy without
+    it and without optimizer state, so they load on every backend (the
+    checkpoint keeps the optimizer state).
+    `run.json` records the settings; resuming with another model or recipe
+    is refused. Under `MultiWorkerMirroredStrategy` only the chief writes.
+
+    Args:
+        model: a zoo name, a `keras.Model` (created under `strategy.scope()`
+            when the strategy has several replicas), or a function returning
+            one.
+        dataset: a batched `tf.data.Dataset` of images (global batches), or a
+            NumPy array of images (then `batch_size` applies).
+        output_dir: the run directory.
+        epochs: total epochs; defaults to the recipe's.
+        steps_per_epoch: steps per epoch; inferred for finite inputs.
+        strategy: a `tf.distribute.Strategy` (`make_strategy`), or `None`.
+        validation_data: optional held-out images (dataset or array).
+        validation_steps: steps of validation per epoch.
+        batch_size: global batch for array inputs; defaults to the recipe's
+            `batch_size_per_replica` times the replicas.
+        config_overrides: architecture overrides for a zoo name.
+        save_freq: `"epoch"` or an int: checkpoint every N steps (and at
+            every epoch end).
+        num_images: images per row of the PNG grid; 0 disables the grid.
+        tensorboard: write TensorBoard logs (needs the `tensorboard`
+            package; skipped with a warning without it).
+        callbacks: extra Keras callbacks.
+        verbose: `fit`'s verbosity.
+        jit_compile: passed to `compile`.
+        **recipe_overrides: training recipe values (see `resolve_recipe`),
+            e.g. `learning_rate=2e-3`, `global_clipnorm=200.0`,
+            `max_nonfinite_steps=10`.
+
+    Returns:
+        The trained model.
+
+    Raises:
+        ValueError: for invalid arguments, or an output directory holding
+            a run with other settings.
+        NonFiniteTrainingError: when more than `max_nonfinite_steps` steps
+            were skipped (the checkpoint holds the last finite state).
+
+    Example (a tiny model on random 8x8 images; the same call again with
+    the same folder resumes, here it finds the run complete):
+
+    >>> import tempfile
+    >>> x = (np.random.rand(16, 8, 8, 1) > 0.5).astype("float32")
+    >>> tiny = dict(image_shape=[8, 8, 1], num_layers=2, preprocess_filters=4,
+    ...     decoder_filters=4, num_scales=1, crop=0)
+    >>> out = tempfile.mkdtemp()
+    >>> model = train("mnist-baseline", x, out, epochs=1, batch_size=8,
+    ...     config_overrides=tiny, verbose=0, jit_compile=False, tensorboard=False)
+    >>> int(keras.ops.convert_to_numpy(model.optimizer.iterations)), sorted(p.name for p in pathlib.Path(out).glob("model.*"))
+    (2, ['model.keras', 'model.weights.h5'])
+    """
+    output_dir = pathlib.Path(output_dir)
+    name = model if isinstance(model, str) else None
+    recipe = resolve_recipe(name, **recipe_overrides)
+    epochs = _positive_int("epochs", recipe["epochs"] if epochs is None else epochs)
+    replicas = num_replicas(strategy)
+    chief = is_chief(strategy)
+    if batch_size is None:
+        batch_size = recipe["batch_size_per_replica"] * replicas
+    batch_size = _positive_int("batch_size", batch_size)
+    steps_per_epoch = _infer_steps_per_epoch(dataset, steps_per_epoch, batch_size)
+    if chief:
+        output_dir.mkdir(parents=True, exist_ok=True)
+
+    scope = strategy.scope() if strategy is not None and BACKEND == "tensorflow" else contextlib.nullcontext()
+    with scope:
+        model = _build_model(model, strategy, config_overrides, _recorded_feature_seed(output_dir / "run.json"))
+        optimizer = make_optimizer(recipe, steps_per_epoch, epochs)
+        model.compile(optimizer=optimizer, jit_compile=jit_compile)
+        optimizer.build(model.trainable_variables)
+        backup = AtomicBackupAndRestore(output_dir / "backup", save_freq=save_freq, steps_per_epoch=steps_per_epoch)
+        record = {
+            "model": name or type(model).__name__,
+            "config": {k: v for k, v in model.get_config().items() if k != "name"},
+            "recipe": recipe,
+            "epochs": epochs,
+            "steps_per_epoch": steps_per_epoch,
+            "batch_size": batch_size,
+            "replicas": replicas,
+            "backend": BACKEND,
+            "compile_mode": compile_mode(model),
+        }
+        _check_run_record(output_dir / "run.json", record)
+        state = backup.restore(model)
+    if chief:
+        _atomic_write_text(output_dir / "run.json", json.dumps(_jsonable(record), indent=1))
+
+    epoch, step = (state["epoch"], state["step"]) if state else (0, 0)
+    if verbose:
+        print(f"Training step: {record['compile_mode']}.")
+    if state and verbose:
+        print(
+            f"Resuming from {output_dir / 'backup'}: epoch {epoch + 1} of {epochs}, step {step} of "
+            f"{steps_per_epoch} ({state['iterations']} optimizer steps done)."
+        )
+    if chief:
+        # Rows of epochs the checkpoint does not hold (a kill between the
+        # CSV row and the checkpoint) would be written twice.
+        _truncate_history(output_dir / "history.csv", epoch)
+
+    monitor = NonFiniteMonitor(recipe["max_nonfinite_steps"])
+    run_callbacks = []
+    if hasattr(model, "kl_weight"):
+        run_callbacks.append(KLWarmup(recipe.get("kl_warmup_epochs") or 0, recipe.get("kl_min", 1.0)))
+    if recipe.get("temperature_schedule") and hasattr(model, "temperature"):
+        from keras_avae.models.discrete_vae import GumbelTemperatureSchedule
+
+        run_callbacks.append(_ResumableGumbelSchedule(GumbelTemperatureSchedule(**recipe["temperature_schedule"])))
+    run_callbacks.append(monitor)  # after the schedules, before the loggers
+    if chief:
+        run_callbacks.append(keras.callbacks.CSVLogger(str(output_dir / "history.csv"), append=True))
+        if tensorboard and importlib.util.find_spec("tensorboard") is None:
+            warnings.warn(
+                "TensorBoard logs skipped: the `tensorboard` package is not installed (pip install tensorboard).",
+                stacklevel=2,
+            )
+        elif tensorboard:
+            run_callbacks.append(
+                keras.callbacks.TensorBoard(str(output_dir / "logs"), write_graph=False, profile_batch=0)
+            )
+        if num_images:
+            images = _first_images(validation_data if validation_data is not None else dataset, num_images)
+            run_callbacks.append(SampleGrid(output_dir / "samples", images=images, num_samples=num_images))
+    run_callbacks += list(callbacks or [])
+    run_callbacks.append(backup)  # last: a checkpoint follows the epoch's logs
+
+    fit_kwargs = dict(
+        validation_data=validation_data,
+        validation_steps=validation_steps,
+        callbacks=run_callbacks,
+        verbose=verbose,
+    )
+    if isinstance(dataset, np.ndarray):
+        fit_kwargs["batch_size"] = batch_size
+    else:
+        fit_kwargs["shuffle"] = False  # tf.data pipelines shuffle themselves (seeded)
+    try:
+        with _multi_worker_log_reduction(strategy):
+            if epoch < epochs and step > 0:
+                # Finish the interrupted epoch with its remaining steps.
+                backup.step_offset = step
+                model.fit(
+                    dataset,
+                    epochs=epoch + 1,
+                    initial_epoch=epoch,
+                    steps_per_epoch=steps_per_epoch - step,
+                    **fit_kwargs,
+                )
+                if monitor.stopped_message is None and not model.stop_training:
+                    epoch, step = epoch + 1, 0
+            if epoch < epochs and step == 0 and monitor.stopped_message is None and not model.stop_training:
+                model.fit(dataset, epochs=epochs, initial_epoch=epoch, steps_per_epoch=steps_per_epoch, **fit_kwargs)
+    finally:
+        model._initial_epoch = None
+    if monitor.stopped_message is not None:
+        raise NonFiniteTrainingError(monitor.stopped_message)
+    if chief:
+        _save_final(model, output_dir, portable=bool(getattr(model, "synchronized_batch_norm", False)))
+    return model
