@@ -4,6 +4,7 @@ Everything the `keras-avae train` command does, as a library (DESIGN §5-6).
 """
 
 import contextlib
+import dataclasses
 import importlib.util
 import inspect
 import json
@@ -198,6 +199,161 @@ def _save_final(model, output_dir, portable):
 
 
 
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """What `train` resolved from its arguments, before it builds the model."""
+
+    output_dir: pathlib.Path
+    name: str | None
+    recipe: dict
+    epochs: int
+    steps_per_epoch: int
+    batch_size: int
+    replicas: int
+    chief: bool
+
+
+def _resolve_run(model, dataset, output_dir, epochs, steps_per_epoch, strategy, batch_size, recipe_overrides):
+    """The run's recipe, length and global batch; makes the run folder (chief only)."""
+    output_dir = pathlib.Path(output_dir)
+    name = model if isinstance(model, str) else None
+    recipe = resolve_recipe(name, **recipe_overrides)
+    epochs = _positive_int("epochs", recipe["epochs"] if epochs is None else epochs)
+    replicas = num_replicas(strategy)
+    chief = is_chief(strategy)
+    if batch_size is None:
+        batch_size = recipe["batch_size_per_replica"] * replicas
+    batch_size = _positive_int("batch_size", batch_size)
+    steps_per_epoch = _infer_steps_per_epoch(dataset, steps_per_epoch, batch_size)
+    if chief:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    return _Run(output_dir, name, recipe, epochs, steps_per_epoch, batch_size, replicas, chief)
+
+
+def _run_record(run, model):
+    """The content of `run.json`: the settings, of which a resume must keep some."""
+    return {
+        "model": run.name or type(model).__name__,
+        "config": {k: v for k, v in model.get_config().items() if k != "name"},
+        "recipe": run.recipe,
+        "epochs": run.epochs,
+        "steps_per_epoch": run.steps_per_epoch,
+        "batch_size": run.batch_size,
+        "replicas": run.replicas,
+        "backend": BACKEND,
+        "compile_mode": compile_mode(model),
+    }
+
+
+def _build_and_restore(model, strategy, run, config_overrides, jit_compile, save_freq):
+    """Builds and compiles the model in the strategy's scope and restores the last checkpoint.
+
+    Returns `(model, backup, record, state)`: the built model, its
+    `AtomicBackupAndRestore` callback, the run record and the restored
+    checkpoint's metadata (`None` for a new run). Refuses a run folder whose
+    `run.json` holds other settings.
+    """
+    scope = strategy.scope() if strategy is not None and BACKEND == "tensorflow" else contextlib.nullcontext()
+    with scope:
+        model = _build_model(model, strategy, config_overrides, _recorded_feature_seed(run.output_dir / "run.json"))
+        optimizer = make_optimizer(run.recipe, run.steps_per_epoch, run.epochs)
+        model.compile(optimizer=optimizer, jit_compile=jit_compile)
+        optimizer.build(model.trainable_variables)
+        backup = AtomicBackupAndRestore(
+            run.output_dir / "backup", save_freq=save_freq, steps_per_epoch=run.steps_per_epoch
+        )
+        record = _run_record(run, model)
+        _check_run_record(run.output_dir / "run.json", record)
+        state = backup.restore(model)
+    return model, backup, record, state
+
+
+def _start(run, record, state, verbose):
+    """Writes `run.json`, says where training starts and trims `history.csv`.
+
+    Returns `(epoch, step)`: where the restored checkpoint left off, or
+    `(0, 0)` for a new run.
+    """
+    if run.chief:
+        _atomic_write_text(run.output_dir / "run.json", json.dumps(_jsonable(record), indent=1))
+    epoch, step = (state["epoch"], state["step"]) if state else (0, 0)
+    if verbose:
+        print(f"Training step: {record['compile_mode']}.")
+    if state and verbose:
+        print(
+            f"Resuming from {run.output_dir / 'backup'}: epoch {epoch + 1} of {run.epochs}, step {step} of "
+            f"{run.steps_per_epoch} ({state['iterations']} optimizer steps done)."
+        )
+    if run.chief:
+        # Rows of epochs the checkpoint does not hold (a kill between the
+        # CSV row and the checkpoint) would be written twice.
+        _truncate_history(run.output_dir / "history.csv", epoch)
+    return epoch, step
+
+
+def _make_callbacks(model, run, monitor, backup, images_from, tensorboard, num_images, callbacks):
+    """`fit`'s callbacks in the order they must run.
+
+    The schedules first (they assign variables at batch begin), then the
+    monitor, the chief's loggers, the caller's callbacks, and the checkpoint
+    last (it follows the epoch's logs).
+    """
+    recipe = run.recipe
+    run_callbacks = []
+    if hasattr(model, "kl_weight"):
+        run_callbacks.append(KLWarmup(recipe.get("kl_warmup_epochs") or 0, recipe.get("kl_min", 1.0)))
+    if recipe.get("temperature_schedule") and hasattr(model, "temperature"):
+        from keras_avae.models.discrete_vae import GumbelTemperatureSchedule
+
+        run_callbacks.append(_ResumableGumbelSchedule(GumbelTemperatureSchedule(**recipe["temperature_schedule"])))
+    run_callbacks.append(monitor)  # after the schedules, before the loggers
+    if run.chief:
+        run_callbacks += _logging_callbacks(run.output_dir, images_from, tensorboard, num_images)
+    run_callbacks += list(callbacks or [])
+    run_callbacks.append(backup)  # last: a checkpoint follows the epoch's logs
+    return run_callbacks
+
+
+def _logging_callbacks(output_dir, images_from, tensorboard, num_images):
+    """The chief's `history.csv`, TensorBoard logs and PNG grids of samples."""
+    logging = [keras.callbacks.CSVLogger(str(output_dir / "history.csv"), append=True)]
+    if tensorboard and importlib.util.find_spec("tensorboard") is None:
+        warnings.warn(
+            "TensorBoard logs skipped: the `tensorboard` package is not installed (pip install tensorboard).",
+            stacklevel=4,  # the caller of `train`
+        )
+    elif tensorboard:
+        logging.append(keras.callbacks.TensorBoard(str(output_dir / "logs"), write_graph=False, profile_batch=0))
+    if num_images:
+        images = _first_images(images_from, num_images)
+        logging.append(SampleGrid(output_dir / "samples", images=images, num_samples=num_images))
+    return logging
+
+
+def _fit(model, dataset, run, strategy, backup, monitor, epoch, step, fit_kwargs):
+    """Trains from `(epoch, step)` to `run.epochs`: the rest of an interrupted epoch, then whole epochs."""
+    try:
+        with _multi_worker_log_reduction(strategy):
+            if epoch < run.epochs and step > 0:
+                # Finish the interrupted epoch with its remaining steps.
+                backup.step_offset = step
+                model.fit(
+                    dataset,
+                    epochs=epoch + 1,
+                    initial_epoch=epoch,
+                    steps_per_epoch=run.steps_per_epoch - step,
+                    **fit_kwargs,
+                )
+                if monitor.stopped_message is None and not model.stop_training:
+                    epoch, step = epoch + 1, 0
+            if epoch < run.epochs and step == 0 and monitor.stopped_message is None and not model.stop_training:
+                model.fit(
+                    dataset, epochs=run.epochs, initial_epoch=epoch, steps_per_epoch=run.steps_per_epoch, **fit_kwargs
+                )
+    finally:
+        model._initial_epoch = None
+
+
 def train(
     model,
     dataset,
@@ -297,81 +453,13 @@ def train(
     >>> int(keras.ops.convert_to_numpy(model.optimizer.iterations)), sorted(p.name for p in pathlib.Path(out).glob("model.*"))
     (2, ['model.keras', 'model.weights.h5'])
     """
-    output_dir = pathlib.Path(output_dir)
-    name = model if isinstance(model, str) else None
-    recipe = resolve_recipe(name, **recipe_overrides)
-    epochs = _positive_int("epochs", recipe["epochs"] if epochs is None else epochs)
-    replicas = num_replicas(strategy)
-    chief = is_chief(strategy)
-    if batch_size is None:
-        batch_size = recipe["batch_size_per_replica"] * replicas
-    batch_size = _positive_int("batch_size", batch_size)
-    steps_per_epoch = _infer_steps_per_epoch(dataset, steps_per_epoch, batch_size)
-    if chief:
-        output_dir.mkdir(parents=True, exist_ok=True)
+    run = _resolve_run(model, dataset, output_dir, epochs, steps_per_epoch, strategy, batch_size, recipe_overrides)
+    model, backup, record, state = _build_and_restore(model, strategy, run, config_overrides, jit_compile, save_freq)
+    epoch, step = _start(run, record, state, verbose)
 
-    scope = strategy.scope() if strategy is not None and BACKEND == "tensorflow" else contextlib.nullcontext()
-    with scope:
-        model = _build_model(model, strategy, config_overrides, _recorded_feature_seed(output_dir / "run.json"))
-        optimizer = make_optimizer(recipe, steps_per_epoch, epochs)
-        model.compile(optimizer=optimizer, jit_compile=jit_compile)
-        optimizer.build(model.trainable_variables)
-        backup = AtomicBackupAndRestore(output_dir / "backup", save_freq=save_freq, steps_per_epoch=steps_per_epoch)
-        record = {
-            "model": name or type(model).__name__,
-            "config": {k: v for k, v in model.get_config().items() if k != "name"},
-            "recipe": recipe,
-            "epochs": epochs,
-            "steps_per_epoch": steps_per_epoch,
-            "batch_size": batch_size,
-            "replicas": replicas,
-            "backend": BACKEND,
-            "compile_mode": compile_mode(model),
-        }
-        _check_run_record(output_dir / "run.json", record)
-        state = backup.restore(model)
-    if chief:
-        _atomic_write_text(output_dir / "run.json", json.dumps(_jsonable(record), indent=1))
-
-    epoch, step = (state["epoch"], state["step"]) if state else (0, 0)
-    if verbose:
-        print(f"Training step: {record['compile_mode']}.")
-    if state and verbose:
-        print(
-            f"Resuming from {output_dir / 'backup'}: epoch {epoch + 1} of {epochs}, step {step} of "
-            f"{steps_per_epoch} ({state['iterations']} optimizer steps done)."
-        )
-    if chief:
-        # Rows of epochs the checkpoint does not hold (a kill between the
-        # CSV row and the checkpoint) would be written twice.
-        _truncate_history(output_dir / "history.csv", epoch)
-
-    monitor = NonFiniteMonitor(recipe["max_nonfinite_steps"])
-    run_callbacks = []
-    if hasattr(model, "kl_weight"):
-        run_callbacks.append(KLWarmup(recipe.get("kl_warmup_epochs") or 0, recipe.get("kl_min", 1.0)))
-    if recipe.get("temperature_schedule") and hasattr(model, "temperature"):
-        from keras_avae.models.discrete_vae import GumbelTemperatureSchedule
-
-        run_callbacks.append(_ResumableGumbelSchedule(GumbelTemperatureSchedule(**recipe["temperature_schedule"])))
-    run_callbacks.append(monitor)  # after the schedules, before the loggers
-    if chief:
-        run_callbacks.append(keras.callbacks.CSVLogger(str(output_dir / "history.csv"), append=True))
-        if tensorboard and importlib.util.find_spec("tensorboard") is None:
-            warnings.warn(
-                "TensorBoard logs skipped: the `tensorboard` package is not installed (pip install tensorboard).",
-                stacklevel=2,
-            )
-        elif tensorboard:
-            run_callbacks.append(
-                keras.callbacks.TensorBoard(str(output_dir / "logs"), write_graph=False, profile_batch=0)
-            )
-        if num_images:
-            images = _first_images(validation_data if validation_data is not None else dataset, num_images)
-            run_callbacks.append(SampleGrid(output_dir / "samples", images=images, num_samples=num_images))
-    run_callbacks += list(callbacks or [])
-    run_callbacks.append(backup)  # last: a checkpoint follows the epoch's logs
-
+    monitor = NonFiniteMonitor(run.recipe["max_nonfinite_steps"])
+    images_from = validation_data if validation_data is not None else dataset
+    run_callbacks = _make_callbacks(model, run, monitor, backup, images_from, tensorboard, num_images, callbacks)
     fit_kwargs = dict(
         validation_data=validation_data,
         validation_steps=validation_steps,
@@ -379,29 +467,12 @@ def train(
         verbose=verbose,
     )
     if isinstance(dataset, np.ndarray):
-        fit_kwargs["batch_size"] = batch_size
+        fit_kwargs["batch_size"] = run.batch_size
     else:
         fit_kwargs["shuffle"] = False  # tf.data pipelines shuffle themselves (seeded)
-    try:
-        with _multi_worker_log_reduction(strategy):
-            if epoch < epochs and step > 0:
-                # Finish the interrupted epoch with its remaining steps.
-                backup.step_offset = step
-                model.fit(
-                    dataset,
-                    epochs=epoch + 1,
-                    initial_epoch=epoch,
-                    steps_per_epoch=steps_per_epoch - step,
-                    **fit_kwargs,
-                )
-                if monitor.stopped_message is None and not model.stop_training:
-                    epoch, step = epoch + 1, 0
-            if epoch < epochs and step == 0 and monitor.stopped_message is None and not model.stop_training:
-                model.fit(dataset, epochs=epochs, initial_epoch=epoch, steps_per_epoch=steps_per_epoch, **fit_kwargs)
-    finally:
-        model._initial_epoch = None
+    _fit(model, dataset, run, strategy, backup, monitor, epoch, step, fit_kwargs)
     if monitor.stopped_message is not None:
         raise NonFiniteTrainingError(monitor.stopped_message)
-    if chief:
-        _save_final(model, output_dir, portable=bool(getattr(model, "synchronized_batch_norm", False)))
+    if run.chief:
+        _save_final(model, run.output_dir, portable=bool(getattr(model, "synchronized_batch_norm", False)))
     return model
