@@ -18,8 +18,10 @@ True
 
 import copy
 import functools
+import inspect
 import json
 import pathlib
+import warnings
 
 from keras_avae.models.discrete_vae import DiscreteVAE
 from keras_avae.models.hierarchical_vae import HierarchicalVAE
@@ -73,7 +75,15 @@ def describe(name):
     return copy.deepcopy(_get(name))
 
 
-def config(name, **overrides):
+def _valid_keys(entry):
+    """Override keys: the entry's config and its family's constructor arguments."""
+    family = _FAMILIES[entry["family"]]
+    arguments = inspect.signature(family.__init__).parameters
+    accepted = {key for key, p in arguments.items() if key != "self" and p.kind is p.POSITIONAL_OR_KEYWORD}
+    return set(entry["config"]) | accepted | {"name", "dtype"}
+
+
+def config(name, /, **overrides):
     """The architecture config of an entry with `overrides` applied.
 
     Example:
@@ -83,18 +93,75 @@ def config(name, **overrides):
     """
     entry = _get(name)
     cfg = copy.deepcopy(entry["config"])
-    unknown = sorted(set(overrides) - set(cfg) - {"seed", "name", "dtype"})
+    valid = _valid_keys(entry)
+    unknown = sorted(set(overrides) - valid)
     if unknown:
         raise ValueError(
             f"Unknown config override(s) {unknown} for zoo entry {name!r}. "
-            f"Valid keys: {', '.join(sorted(cfg))}, seed, name, dtype. Received: {overrides}"
+            f"Valid keys: {', '.join(sorted(valid))}. Received: {overrides}"
         )
     cfg.update(overrides)
     return cfg
 
 
-# Overrides that do not change the architecture, so pretrained weights fit.
-_NEUTRAL_OVERRIDES = {"seed", "name", "dtype"}
+# Overrides that keep pretrained weights: they change neither the weights'
+# shapes nor the function the model computes at inference (`log_likelihood`,
+# `sample`, `reconstruct`, `encode`, the ELBO of `model(x, training=False)`).
+# The one list: `load` (and so the CLI's `--set`) decides with it, and
+# other modules import it rather than keep their own. Every other constructor argument counts as an
+# architecture change when its value differs from the entry's: shapes
+# (`num_layers`, filters, attention dims, `image_shape`...), or the function
+# with the same shapes (`nonlocal_feature_seed` and
+# `nonlocal_num_random_features`: the FAVOR+ features; `crop`,
+# `likelihood`, `reference_edge_bug`, the log-scale bounds, `bn_epsilon`;
+# DiscreteVAE's `temperature`, a weight the file overwrites, and
+# `straight_through`).
+_NEUTRAL_OVERRIDES = frozenset(
+    {
+        "seed",  # sampling only; the entries with weights fix `nonlocal_feature_seed`
+        "name",  # the model's name; weights load by structure
+        "dtype",  # the dtype policy; the same float32 weights load into it
+        "l2",  # weight regularisation: a training loss term
+        "log_scale_noise",  # noise on log sigmas with `training=True` only
+        "bn_momentum",  # batch-norm moving-statistics updates, training only
+        "synchronized_batch_norm",  # batch statistics across replicas, training only
+    }
+)
+
+
+def _normalized(value):
+    """JSON-like form for comparing values: tuples as lists (`(32, 32, 1) == [32, 32, 1]`)."""
+    if isinstance(value, (list, tuple)):
+        return [_normalized(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _normalized(v) for k, v in value.items()}
+    return value
+
+
+def _architecture_changes(name, overrides):
+    """The overrides that change the model the entry's weights fit.
+
+    Returns `{key: (override, entry_value)}`.
+
+    An override is no change when it is neutral (`_NEUTRAL_OVERRIDES`) or
+    equals the entry's value (or, for a key the entry does not list, the
+    family's default).
+    """
+    entry = _get(name)
+    config(name, **overrides)  # unknown keys: the error that lists the valid ones
+    defaults = {
+        key: p.default
+        for key, p in inspect.signature(_FAMILIES[entry["family"]].__init__).parameters.items()
+        if p.default is not p.empty
+    }
+    changes = {}
+    for key, value in overrides.items():
+        if key in _NEUTRAL_OVERRIDES:
+            continue
+        current = entry["config"][key] if key in entry["config"] else defaults.get(key)
+        if _normalized(value) != _normalized(current):
+            changes[key] = (value, current)
+    return changes
 
 
 def has_pretrained(name):
@@ -130,15 +197,27 @@ def pretrained_path(name):
     return _entry_dir() / entry["weights"]["file"]
 
 
-def load(name, weights="default", **overrides):
+def load(name, /, weights="default", **overrides):
     """Builds the model of zoo entry `name`.
+
+    Overrides that leave the architecture alone (`seed`, `name`, `dtype`,
+    `l2`, `log_scale_noise`, `bn_momentum`, `synchronized_batch_norm`), and
+    overrides equal to the entry's own value, keep the pretrained weights.
+    Any other override changes the model the entry's weights were trained
+    for: with `weights="default"` the model gets fresh weights and a
+    `UserWarning` names the keys; with `weights="pretrained"` it is an error.
+    A path is loaded into the model the overrides describe (a file trained
+    with the same overrides fits), except the entry's own pretrained file,
+    which is treated as `"pretrained"`.
 
     Args:
         name: a name from `names()`.
         weights: `"default"`: the entry's pretrained weights when it has
             them and no override changes the architecture, else fresh
-            weights; `"pretrained"`: the entry's weights (an error if it has
-            none); `None`: fresh weights; or a path to a `.weights.h5` file.
+            weights (with a warning when the entry has weights);
+            `"pretrained"`: the entry's weights (an error if it has none or
+            an override changes the architecture); `None`: fresh weights; or
+            a path to a `.weights.h5` file.
         **overrides: config values to change, e.g. `num_layers=8`.
 
     Returns:
@@ -146,23 +225,46 @@ def load(name, weights="default", **overrides):
 
     Raises:
         ValueError: for an unknown name or override key (the message lists
-            the valid ones) or a weights file that does not match.
+            the valid ones), an architecture override with
+            `weights="pretrained"` (the message names the keys and values),
+            or a weights file that does not match.
 
     Example:
 
     >>> model = load("mnist-baseline-small")  # the shipped, trained weights
-    >>> fresh = load("mnist-baseline-small", num_layers=2)  # new architecture: fresh weights
-    >>> model.num_layers, fresh.num_layers
-    (4, 2)
+    >>> same = load("mnist-baseline-small", l2=0.0, num_layers=4)  # no change: still trained
+    >>> fresh = load("mnist-baseline-small", weights=None, num_layers=2)  # new architecture
+    >>> model.num_layers, same.num_layers, fresh.num_layers
+    (4, 4, 2)
     """
     entry = _get(name)
-    model = _FAMILIES[entry["family"]](**config(name, **overrides))
-    model.build()
+    changes = _architecture_changes(name, overrides)
+    if weights is not None and weights not in ("default", "pretrained") and has_pretrained(name):
+        path = pathlib.Path(weights)
+        if path.is_file() and path.samefile(pretrained_path(name)):
+            weights = "pretrained"  # the shipped file, named by its path
     if weights == "default":
-        architecture_changed = bool(set(overrides) - _NEUTRAL_OVERRIDES)
-        weights = "pretrained" if has_pretrained(name) and not architecture_changed else None
+        weights = "pretrained" if has_pretrained(name) else None
+        if weights and changes:
+            warnings.warn(
+                f"zoo.load({name!r}): these overrides change the architecture the pretrained weights were "
+                f"trained for: {_describe_changes(changes)}. The model has fresh, untrained weights. Pass "
+                "weights=None to ask for fresh weights without this warning, or weights='pretrained' "
+                "to make this an error.",
+                UserWarning,
+                stacklevel=2,
+            )
+            weights = None
     if weights == "pretrained":
         weights = pretrained_path(name)
+        if changes:
+            raise ValueError(
+                f"The pretrained weights of zoo entry {name!r} do not fit: these overrides change the "
+                f"architecture they were trained for: {_describe_changes(changes)}. Drop them, or ask for "
+                f"fresh weights (weights=None). Received: {', '.join(f'{k}={v!r}' for k, (v, _) in changes.items())}"
+            )
+    model = _FAMILIES[entry["family"]](**config(name, **overrides))
+    model.build()
     if weights is not None:
         path = pathlib.Path(weights)
         if not path.is_file():
@@ -170,8 +272,14 @@ def load(name, weights="default", **overrides):
         try:
             model.load_weights(str(path))
         except Exception as error:  # h5py/keras raise many kinds on bad files.
+            overridden = f" with {_describe_changes(changes)}" if changes else ""
             raise ValueError(
-                f"Could not load weights into zoo entry {name!r} (corrupt file or another "
+                f"Could not load weights into zoo entry {name!r}{overridden} (corrupt file or another "
                 f"architecture): {error}. Received: weights={str(weights)!r}"
             ) from error
     return model
+
+
+def _describe_changes(changes):
+    """`num_layers=2 (entry: 4), crop=0 (entry: 2)` for messages."""
+    return ", ".join(f"{key}={value!r} (entry: {current!r})" for key, (value, current) in changes.items())

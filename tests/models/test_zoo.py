@@ -2,6 +2,7 @@
 
 import json
 import pathlib
+import warnings
 
 import keras
 import numpy as np
@@ -193,3 +194,114 @@ def test_every_default_load_is_the_trained_model(name, tmp_path):
     reloaded = keras.models.load_model(path)
     assert reloaded.nonlocal_feature_seed == first.nonlocal_feature_seed
     np.testing.assert_allclose(_log_weights_under_one_sampling_seed(reloaded, x), expected, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------- #
+# Overrides on trained entries: kept weights, warnings and errors
+# ---------------------------------------------------------------------- #
+
+
+def _arrays_key(arrays):
+    return sorted((a.shape, a.dtype.str, a.tobytes()) for a in arrays)
+
+
+def file_arrays(path):
+    """Every array stored in a `.weights.h5` file, read with h5py (not Keras)."""
+    import h5py
+
+    arrays = []
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda _, item: arrays.append(np.asarray(item)) if isinstance(item, h5py.Dataset) else None)
+    return _arrays_key(arrays)
+
+
+def model_arrays(model):
+    return _arrays_key(np.asarray(keras.ops.convert_to_numpy(w)) for w in model.weights)
+
+
+def has_pretrained_weights(model, name):
+    return model_arrays(model) == file_arrays(zoo.pretrained_path(name))
+
+
+# Neutral keys (they change neither the weights' shapes nor the function at
+# inference), with values other than the entry's.
+NEUTRAL = [
+    ("mnist-gumbel-small", dict(seed=3, l2=0.01, dtype="float32")),
+    (
+        "mnist-baseline-small",
+        dict(seed=3, name="renamed", l2=0.01, log_scale_noise=0.01, bn_momentum=0.5, synchronized_batch_norm=True),
+    ),
+]
+# Architecture keys given the entry's own value (or the family default): no change.
+SAME_VALUE = [
+    ("mnist-gumbel-small", dict(filters=16, image_shape=(32, 32, 1), temperature=1, straight_through=False)),
+    (
+        "mnist-baseline-small",
+        dict(num_layers=4, image_shape=[32, 32, 1], nonlocal_blocks=(), prior_log_scale_bounds=(-5, 5), bn_epsilon=1e-5),
+    ),
+]
+# Keys that change the model the weights were trained for: shapes, or only
+# the function (the FAVOR+ features, the likelihood's crop).
+CHANGING = [
+    ("mnist-gumbel-small", dict(hidden_units=128)),
+    ("mnist-baseline-small", dict(num_layers=2, l2=0.01)),
+    ("mnist-baseline-small", dict(crop=0)),
+    ("mnist-attentive-small", dict(nonlocal_feature_seed=1)),
+    ("mnist-attentive-small", dict(nonlocal_num_random_features=32)),
+]
+
+
+@pytest.mark.parametrize("name,overrides", NEUTRAL + SAME_VALUE)
+@pytest.mark.parametrize("weights", ["default", "pretrained", "path"])
+def test_overrides_that_keep_the_architecture_keep_the_pretrained_weights(name, overrides, weights):
+    if weights == "path":
+        weights = str(zoo.pretrained_path(name))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        model = zoo.load(name, weights=weights, **overrides)
+    assert has_pretrained_weights(model, name)
+    for key, value in overrides.items():
+        assert zoo.config(name, **overrides)[key] == value
+    if "name" in overrides:
+        assert model.name == overrides["name"]
+
+
+@pytest.mark.parametrize("name,overrides", CHANGING)
+def test_architecture_overrides_with_default_weights_warn_and_are_fresh(name, overrides):
+    with pytest.warns(UserWarning, match="fresh, untrained weights") as caught:
+        model = zoo.load(name, **overrides)
+    message = str(caught[0].message)
+    changing = {k: v for k, v in overrides.items() if k not in zoo._NEUTRAL_OVERRIDES}
+    for key, value in changing.items():
+        assert f"{key}={value!r}" in message
+    assert "l2" not in message  # neutral keys are not blamed
+    assert not has_pretrained_weights(model, name)
+    for key, value in overrides.items():
+        assert getattr(model, key) == value
+
+
+@pytest.mark.parametrize("name,overrides", CHANGING)
+@pytest.mark.parametrize("weights", ["pretrained", "path"])
+def test_architecture_overrides_with_pretrained_weights_are_an_error(name, overrides, weights):
+    if weights == "path":  # the shipped file named by its path: the same request
+        weights = str(zoo.pretrained_path(name))
+    with pytest.raises(ValueError, match="do not fit") as info:
+        zoo.load(name, weights=weights, **overrides)
+    for key, value in overrides.items():
+        if key not in zoo._NEUTRAL_OVERRIDES:
+            assert f"{key}={value!r} (entry: {zoo.describe(name)['config'][key]!r})" in str(info.value)
+
+
+def test_fresh_weights_on_request_are_quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        model = zoo.load("mnist-gumbel-small", weights=None, hidden_units=128)
+        untrained = zoo.load("mnist-baseline", num_layers=2, preprocess_filters=4, decoder_filters=4)
+    assert model.hidden_units == 128 and untrained.num_layers == 2
+
+
+def test_name_and_unknown_keys_for_a_family():
+    # `name` is the model's name, not the entry's (the entry is positional).
+    assert zoo.config("mnist-gumbel-small", name="m")["name"] == "m"
+    with pytest.raises(ValueError, match="Unknown config override.*synchronized_batch_norm"):  # no batch norm
+        zoo.load("mnist-gumbel-small", synchronized_batch_norm=True)
