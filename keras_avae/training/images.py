@@ -1,16 +1,18 @@
 """PNG grids of images: samples, images and reconstructions, one row each."""
 
-import struct
-import zlib
+import io
 
 import numpy as np
+import PIL.Image
 from keras import ops
 
 from keras_avae.training.atomic_files import _atomic_write
 
 
 def encode_png(image):
-    """PNG bytes of a uint8 image `(H, W)`, `(H, W, 1)` or `(H, W, 3)` (zlib + struct).
+    """PNG bytes of a uint8 image `(H, W)`, `(H, W, 1)` or `(H, W, 3)` (Pillow).
+
+    8-bit grey for one channel, 8-bit RGB for three.
 
     Example:
 
@@ -22,21 +24,12 @@ def encode_png(image):
         raise ValueError(f"`image` must be uint8. Received: image.dtype={image.dtype}")
     if image.ndim == 3 and image.shape[-1] == 1:
         image = image[..., 0]
-    if image.ndim == 2:
-        color = 0
-    elif image.ndim == 3 and image.shape[-1] == 3:
-        color = 2
-    else:
+    if not (image.ndim == 2 or (image.ndim == 3 and image.shape[-1] == 3)):
         raise ValueError(f"`image` must be (H, W), (H, W, 1) or (H, W, 3). Received: image.shape={image.shape}")
-    height, width = image.shape[:2]
-    rows = np.ascontiguousarray(image).reshape(height, -1)
-    raw = b"".join(b"\x00" + row.tobytes() for row in rows)
-
-    def chunk(tag, data):
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, color, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b"")
+    buffer = io.BytesIO()
+    # A uint8 (H, W) array is mode "L" (8-bit grey), (H, W, 3) mode "RGB".
+    PIL.Image.fromarray(np.ascontiguousarray(image)).save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def image_grid(rows, padding=1, value_range=(0.0, 1.0)):
