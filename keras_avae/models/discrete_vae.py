@@ -5,6 +5,9 @@ import math
 import keras
 from keras import ops
 
+from keras_avae._validation import check_positive_int
+from keras_avae._validation import check_temperature
+from keras_avae._validation import to_numpy
 from keras_avae.distributions.bernoulli import bernoulli_log_prob
 from keras_avae.distributions.tfp import has_tfp
 from keras_avae.distributions.tfp import tfd
@@ -86,8 +89,7 @@ class DiscreteVAE(ELBOModel):
             raise ValueError(f"`num_categories` must be at least 2. Received: num_categories={num_categories}")
         if len(image_shape) != 3 or image_shape[0] % 4 or image_shape[1] % 4:
             raise ValueError(f"`image_shape` must be (H, W, C) with H, W divisible by 4. Received: image_shape={image_shape}")
-        if not temperature > 0:
-            raise ValueError(f"`temperature` must be positive. Received: temperature={temperature!r}")
+        check_temperature(temperature)
         # === Config ===
         self.image_shape = image_shape
         self.num_latents = num_latents
@@ -182,21 +184,50 @@ class DiscreteVAE(ELBOModel):
         log_pz = -self.num_latents * math.log(self.num_categories)
         return ops.reshape(log_px + log_pz - log_qz, (batch, num_samples))
 
+    def _activation_floats_per_sample(self):
+        """Size of what one image-sample's pass holds, for evaluation's memory budget."""
+        h, w, c = self.image_shape
+        return h * w * max(self.filters, c) + 2 * self.hidden_units + self.num_latents * self.num_categories
+
     def encode(self, x):
-        """Posterior class probabilities `(B, num_latents, num_categories)`."""
-        return ops.exp(self.bottom_up(self._check_images(x), training=False))
+        """Posterior class probabilities of images `x`.
+
+        Args:
+            x: binary images `(B, H, W, C)`; NaN or infinite values, an empty
+                batch, a wrong shape or values outside [0, 1] raise
+                `ValueError`.
+
+        Returns:
+            NumPy float32 array `(B, num_latents, num_categories)`. The
+            inference methods (`log_likelihood`, `sample`, `reconstruct`,
+            `encode`) all return NumPy arrays, as `keras.Model.predict` does.
+        """
+        return to_numpy(ops.exp(self.bottom_up(self._check_images(x), training=False)))
 
     def reconstruct(self, x):
-        """Bernoulli means of p(x|z) at a posterior draw of z."""
+        """Bernoulli means of p(x|z) at a posterior draw of z.
+
+        Args:
+            x: binary images, checked as in `encode`.
+
+        Returns:
+            NumPy float32 array with the shape of `x`.
+        """
         z = self._hard_sample(self.bottom_up(self._check_images(x), training=False))
-        return ops.sigmoid(ops.cast(self.decode(z), "float32"))
+        return to_numpy(ops.sigmoid(ops.cast(self.decode(z), "float32")))
 
     def sample(self, num_samples):
-        """Bernoulli means of p(x|z) for z drawn from the uniform prior."""
-        if not isinstance(num_samples, int) or num_samples < 1:
-            raise ValueError(f"`num_samples` must be a positive int. Received: num_samples={num_samples!r}")
+        """Bernoulli means of p(x|z) for z drawn from the uniform prior.
+
+        Args:
+            num_samples: positive int, the number of images.
+
+        Returns:
+            NumPy float32 array `(num_samples, H, W, C)`.
+        """
+        num_samples = check_positive_int(num_samples, "num_samples")
         uniform = ops.zeros((num_samples, self.num_latents, self.num_categories), "float32")
-        return ops.sigmoid(ops.cast(self.decode(self._hard_sample(uniform)), "float32"))
+        return to_numpy(ops.sigmoid(ops.cast(self.decode(self._hard_sample(uniform)), "float32")))
 
     def get_config(self):
         config = super().get_config()

@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from keras_avae._validation import check_images
 from keras_avae.evaluation import importance_sampled_log_likelihood
 
 
@@ -73,21 +74,14 @@ class ELBOModel(keras.Model):
         """`(low, high)` of the pixel values the model takes."""
         return (0.0, 1.0)
 
-    def _check_images(self, x):
-        """Eager check of user input: shape and pixel range, named in the error."""
-        x = ops.convert_to_tensor(x)
-        if tuple(x.shape[1:]) != self.image_shape:
-            raise ValueError(
-                f"Expected images of shape (batch, {', '.join(map(str, self.image_shape))}). "
-                f"Received: x.shape={tuple(x.shape)}"
-            )
-        low, high = self.pixel_range
-        x_min, x_max = float(ops.min(x)), float(ops.max(x))
-        if x_min < low or x_max > high:
-            raise ValueError(
-                f"Expected pixel values in [{low}, {high}]. Received: x with values in [{x_min}, {x_max}]"
-            )
-        return x
+    def _check_images(self, x, name="x"):
+        """Eager check of user images (shape, empty batch, NaN/inf, pixel range); a tensor of them.
+
+        Runs on a NumPy copy of the concrete values, before any compiled
+        function, and raises `ValueError` naming `name` (see
+        `keras_avae._validation.check_images`).
+        """
+        return ops.convert_to_tensor(check_images(x, self.image_shape, self.pixel_range, name=name))
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         nll = ops.mean(y_pred["nll"])
@@ -145,9 +139,22 @@ class ELBOModel(keras.Model):
         """Importance-sampled marginal log-likelihood `log p(x)` in nats, `(B,)`.
 
         The deterministic encoder pass runs once per image; see
-        `keras_avae.evaluation.importance_sampled_log_likelihood`.
+        `keras_avae.evaluation.importance_sampled_log_likelihood` (which
+        also splits batches too large for the free memory).
+
+        Args:
+            x: images `(B, H, W, C)` in the model's pixel range; NaN or
+                infinite values, an empty batch, a wrong shape or values out
+                of range raise `ValueError`.
+            num_samples: K, a positive int.
+            chunk_size: `None` or a positive int, the most samples drawn
+                per pass.
+
+        Returns:
+            NumPy float64 array `(B,)`, like every inference method
+            (`sample`, `reconstruct`, `encode`) returns NumPy arrays.
         """
-        x = self._check_images(x)
+        x = check_images(x, self.image_shape, self.pixel_range)
         return importance_sampled_log_likelihood(self, x, num_samples=num_samples, chunk_size=chunk_size)
 
 

@@ -5,6 +5,9 @@ import random
 import keras
 from keras import ops
 
+from keras_avae._validation import check_positive_int
+from keras_avae._validation import check_temperature
+from keras_avae._validation import to_numpy
 from keras_avae.distributions.bernoulli import bernoulli_log_prob
 from keras_avae.distributions.gaussian import DiagonalGaussian
 from keras_avae.models.elbo_model import ELBOModel
@@ -644,41 +647,71 @@ class HierarchicalVAE(ELBOModel):
         """The posterior latents of images `x`.
 
         Args:
-            x: images (see the call arguments).
+            x: images (see the call arguments). NaN or infinite values, an
+                empty batch, a wrong shape or values out of range raise
+                `ValueError`.
             sample: return posterior samples instead of posterior means.
 
         Returns:
-            A list of L tensors `(B, h, w, latent_channels)`, top layer first.
+            A list of L NumPy float32 arrays `(B, h, w, latent_channels)`,
+            top layer first. The inference methods (`log_likelihood`,
+            `sample`, `reconstruct`, `encode`) all return NumPy arrays, as
+            `keras.Model.predict` does.
         """
         x = self._check_images(x)
         result = self.top_down(self.bottom_up(x, training=False), training=False, return_latents=True)
-        return result["latents"] if sample else result["posterior_means"]
+        return to_numpy(result["latents"] if sample else result["posterior_means"])
 
     def reconstruct(self, x, mode="mean"):
-        """Decodes a posterior sample of each image: the mean (or a sample) of p(x|z)."""
+        """Decodes a posterior sample of each image: the mean (or a sample) of p(x|z).
+
+        Args:
+            x: images (see the call arguments), checked as in `encode`.
+            mode: `"mean"` or `"sample"`, as in `sample`.
+
+        Returns:
+            NumPy float32 array with the shape of `x`.
+        """
+        if mode not in ("mean", "sample"):
+            raise ValueError(f"`mode` must be 'mean' or 'sample'. Received: mode={mode!r}")
         x = self._check_images(x)
         result = self.top_down(self.bottom_up(x, training=False), training=False)
-        return self._data_mean_or_sample(result["decoded"], mode)
+        return to_numpy(self._data_mean_or_sample(result["decoded"], mode))
 
     def sample(self, num_samples, temperature=1.0, mode="mean"):
         """Draws images from the prior.
 
         Args:
-            num_samples: int, the number of images.
-            temperature: scale of the latent noise (1.0: the model's prior).
+            num_samples: positive int, the number of images.
+            temperature: finite positive float, the scale of the latent
+                noise (1.0: the model's prior).
             mode: `"mean"` returns the mean of p(x|z) (Bernoulli
                 probabilities, or the mixture mean in [-1, 1]); `"sample"`
                 samples the pixels too.
 
         Returns:
-            `(num_samples, H, W, C)` float32 images.
+            NumPy float32 array `(num_samples, H, W, C)`.
         """
-        if not isinstance(num_samples, int) or num_samples < 1:
-            raise ValueError(f"`num_samples` must be a positive int. Received: num_samples={num_samples!r}")
-        if not temperature > 0:
-            raise ValueError(f"`temperature` must be positive. Received: temperature={temperature!r}")
+        num_samples = check_positive_int(num_samples, "num_samples")
+        temperature = check_temperature(temperature)
+        if mode not in ("mean", "sample"):
+            raise ValueError(f"`mode` must be 'mean' or 'sample'. Received: mode={mode!r}")
         result = self.top_down(batch_size=num_samples, training=False, temperature=temperature)
-        return self._data_mean_or_sample(result["decoded"], mode)
+        return to_numpy(self._data_mean_or_sample(result["decoded"], mode))
+
+    def _activation_floats_per_sample(self):
+        """Size of what one image-sample's pass holds, for evaluation's memory budget.
+
+        The widest full-resolution feature map plus, per stochastic layer,
+        the bottom-up feature and the top-down context at the latent size
+        (float32 values; the measured peak is a constant multiple of this,
+        see `keras_avae.evaluation`).
+        """
+        h, w, c = self.image_shape
+        latent = self._latent_size[0] * self._latent_size[1]
+        return h * w * max(self.preprocess_filters, c) + self.num_layers * latent * (
+            self._values + self._ik + self._context
+        )
 
     def log_weights(self, x, features, num_samples):
         """Importance log-weights `log p(x|z) + log p(z) - log q(z|x)`, `(B, num_samples)`.

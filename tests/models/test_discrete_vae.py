@@ -71,3 +71,39 @@ class TestDiscreteVAE(TestCase):
         restored = keras.saving.load_model(path)
         assert isinstance(restored, DiscreteVAE)
         self.assertAllClose(restored.encode(x), model.encode(x), atol=1e-6)
+
+
+class TestInferenceInputs(TestCase):
+    @pytest.fixture(scope="class")
+    def model(self):
+        model = DiscreteVAE(**TINY)
+        model.build()
+        return model
+
+    @pytest.mark.parametrize("value", [np.nan, np.inf])
+    def test_non_finite_images_name_the_argument(self, model, value):
+        x = shapes_batch(3)
+        x[1, 0, 0, 0] = value
+        pattern = r"`x` contains 1 non-finite values \(NaN or inf\), in images \[1\]\. Received: x with shape \(3, 8, 8, 1\)"
+        for method in (model.log_likelihood, model.reconstruct, model.encode):
+            with pytest.raises(ValueError, match=pattern):
+                method(x)
+
+    def test_empty_batch_names_the_argument(self, model):
+        for method in (model.log_likelihood, model.reconstruct, model.encode):
+            with pytest.raises(ValueError, match=r"`x` is an empty batch"):
+                method(np.zeros((0, 8, 8, 1), "float32"))
+
+    def test_bad_num_samples_and_temperature(self, model):
+        for num_samples in (0, 1.5, False):
+            with pytest.raises(ValueError, match=r"`num_samples` must be a positive int"):
+                model.sample(num_samples)
+        with pytest.raises(ValueError, match=r"`temperature` must be a finite positive number\. Received: temperature=inf"):
+            DiscreteVAE(**dict(TINY, temperature=float("inf")))
+
+    def test_inference_methods_return_numpy_arrays(self, model):
+        x = shapes_batch(2)
+        log_px = model.log_likelihood(x, num_samples=2)
+        assert type(log_px) is np.ndarray and log_px.dtype == np.float64
+        for out in (model.sample(2), model.reconstruct(x), model.encode(x)):
+            assert type(out) is np.ndarray and out.dtype == np.float32

@@ -226,3 +226,58 @@ class TestHierarchicalVAE(TestCase):
         for value in out.values():
             assert keras.backend.standardize_dtype(value.dtype) == "float32"
         self.assertAllFinite(out)
+
+
+class TestInferenceInputs(TestCase):
+    """`log_likelihood`, `reconstruct`, `encode` and `sample` check what they get, eagerly."""
+
+    @pytest.fixture(scope="class")
+    def model(self):
+        model = HierarchicalVAE(**TINY)
+        model.build()
+        return model
+
+    @pytest.mark.parametrize("value, count", [(np.nan, 3), (np.inf, 1), (-np.inf, 2)])
+    def test_non_finite_images_name_the_argument(self, model, value, count):
+        x = shapes_batch(2)
+        x.reshape(-1)[:count] = value  # before this check, NaN gave NaN log-likelihoods
+        pattern = rf"`x` contains {count} non-finite values \(NaN or inf\), in images \[0\]\. Received: x with shape \(2, 8, 8, 1\)"
+        for method in (model.log_likelihood, model.reconstruct, model.encode):
+            with pytest.raises(ValueError, match=pattern):
+                method(x)
+
+    def test_empty_batch_names_the_argument(self, model):
+        # Before: a TensorFlow internal error (a reduction over no elements).
+        x = np.zeros((0, 8, 8, 1), "float32")
+        for method in (model.log_likelihood, model.reconstruct, model.encode):
+            with pytest.raises(ValueError, match=r"`x` is an empty batch.*Received: x.shape=\(0, 8, 8, 1\)"):
+                method(x)
+
+    def test_wrong_rank_and_dtype_name_the_argument(self, model):
+        with pytest.raises(ValueError, match=r"Received: x.shape=\(8, 8, 1\)"):
+            model.encode(np.zeros((8, 8, 1), "float32"))
+        with pytest.raises(ValueError, match=r"`x` must be a numeric array.*dtype <U1"):
+            model.reconstruct(np.full((1, 8, 8, 1), "a"))
+
+    @pytest.mark.parametrize("temperature", [float("inf"), float("nan"), 0.0, -1.0, "hot", True])
+    def test_temperature_must_be_finite_and_positive(self, model, temperature):
+        # Before: `temperature=inf` sampled an all-black image without an error.
+        with pytest.raises(ValueError, match=r"`temperature` must be a finite positive number\. Received: temperature="):
+            model.sample(2, temperature=temperature)
+
+    @pytest.mark.parametrize("num_samples", [0, -3, 2.0, True, None])
+    def test_num_samples_must_be_a_positive_int(self, model, num_samples):
+        with pytest.raises(ValueError, match=r"`num_samples` must be a positive int\. Received: num_samples="):
+            model.sample(num_samples)
+        with pytest.raises(ValueError, match=r"`num_samples` must be a positive int\. Received: num_samples="):
+            model.log_likelihood(shapes_batch(1), num_samples=num_samples)
+
+    def test_inference_methods_return_numpy_arrays(self, model):
+        x = shapes_batch(2)
+        log_px = model.log_likelihood(x, num_samples=2)
+        assert type(log_px) is np.ndarray and log_px.dtype == np.float64 and log_px.shape == (2,)
+        for images in (model.sample(np.int64(3), temperature=np.float32(0.5)), model.reconstruct(x)):
+            assert type(images) is np.ndarray and images.dtype == np.float32
+        latents = model.encode(x, sample=True)
+        assert isinstance(latents, list) and len(latents) == TINY["num_layers"]
+        assert all(type(z) is np.ndarray and z.dtype == np.float32 for z in latents)

@@ -1,0 +1,144 @@
+"""Eager checks of what users pass to the models' inference methods.
+
+`log_likelihood`, `reconstruct`, `encode` and `sample` (of every keras-avae
+model) and `evaluation.importance_sampled_log_likelihood` check their inputs
+here, on NumPy copies of concrete values, before any compiled function runs:
+a NaN pixel, an empty batch or an infinite temperature is a `ValueError`
+naming the argument and what was received, not a NaN result, a backend
+internal error or a black image. The checks run outside traced code, so
+these methods need concrete inputs (they run eagerly and return NumPy
+arrays).
+
+A module of its own (not under `models/`) so `evaluation.py`, which the
+models import, can use it too.
+"""
+
+import math
+import numbers
+
+import numpy as np
+from keras import ops
+
+
+def concrete_numpy(value, name):
+    """A NumPy copy of a concrete array or tensor; a clear error for a traced one.
+
+    Example:
+
+    >>> concrete_numpy([[1, 2]], "x").shape
+    (1, 2)
+    """
+    try:
+        return np.asarray(ops.convert_to_numpy(value))
+    except Exception as error:  # a tf.function or jax.jit tracer, a ragged list
+        raise ValueError(
+            f"`{name}` must be a concrete array: the inference methods check their inputs and return NumPy "
+            f"arrays, so they run eagerly (outside `tf.function` or `jax.jit`). "
+            f"Received: {name} of type {type(value).__name__} ({type(error).__name__}: {error})"
+        ) from None
+
+
+def check_images(x, image_shape, pixel_range, name="x"):
+    """Checks a batch of images and returns it as a float32 NumPy array.
+
+    Raises `ValueError` naming `name` for: a non-numeric array, a wrong rank
+    or image shape, an empty batch, NaN or infinite values, or values
+    outside `pixel_range`.
+
+    Example:
+
+    >>> check_images(np.zeros((2, 4, 4, 1)), (4, 4, 1), (0.0, 1.0)).dtype
+    dtype('float32')
+    >>> check_images(np.full((2, 4, 4, 1), np.nan), (4, 4, 1), (0.0, 1.0))
+    Traceback (most recent call last):
+    ...
+    ValueError: `x` contains 32 non-finite values (NaN or inf), in images [0, 1]. Received: x with shape (2, 4, 4, 1)
+    """
+    array = concrete_numpy(x, name)
+    if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
+        raise ValueError(
+            f"`{name}` must be a numeric array of images. Received: {name} of dtype {array.dtype} "
+            f"with shape {array.shape}"
+        )
+    image_shape = tuple(image_shape)
+    if array.ndim != 1 + len(image_shape) or tuple(array.shape[1:]) != image_shape:
+        raise ValueError(
+            f"Expected `{name}` of shape (batch, {', '.join(map(str, image_shape))}). "
+            f"Received: {name}.shape={tuple(array.shape)}"
+        )
+    if array.shape[0] == 0:
+        raise ValueError(
+            f"`{name}` is an empty batch: it needs at least one image. Received: {name}.shape={tuple(array.shape)}"
+        )
+    array = array.astype("float32", copy=False)
+    finite = np.isfinite(array)
+    if not finite.all():
+        bad_images = np.flatnonzero(~finite.reshape(len(array), -1).all(axis=1))
+        shown = bad_images[:5].tolist()
+        more = f" and {len(bad_images) - 5} more" if len(bad_images) > 5 else ""
+        raise ValueError(
+            f"`{name}` contains {int((~finite).sum())} non-finite values (NaN or inf), in images {shown}{more}. "
+            f"Received: {name} with shape {tuple(array.shape)}"
+        )
+    low, high = pixel_range
+    x_min, x_max = float(array.min()), float(array.max())
+    if x_min < low or x_max > high:
+        raise ValueError(
+            f"Expected pixel values of `{name}` in [{low}, {high}]. "
+            f"Received: {name} with values in [{x_min}, {x_max}]"
+        )
+    return array
+
+
+def check_positive_int(value, name):
+    """Returns `value` as an int if it is a positive integer (not a bool), else raises.
+
+    Example:
+
+    >>> check_positive_int(np.int64(3), "num_samples")
+    3
+    >>> check_positive_int(0, "num_samples")
+    Traceback (most recent call last):
+    ...
+    ValueError: `num_samples` must be a positive int. Received: num_samples=0
+    """
+    if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)) or value < 1:
+        raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
+    return int(value)
+
+
+def check_temperature(value, name="temperature"):
+    """Returns `value` as a float if it is finite and positive, else raises.
+
+    Example:
+
+    >>> check_temperature(0.8)
+    0.8
+    >>> check_temperature(float("inf"))
+    Traceback (most recent call last):
+    ...
+    ValueError: `temperature` must be a finite positive number. Received: temperature=inf
+    """
+    try:
+        if isinstance(value, (bool, np.bool_, str, bytes)):
+            raise TypeError
+        number = float(value) if isinstance(value, numbers.Real) else float(concrete_numpy(value, name))
+    except (TypeError, ValueError):
+        raise ValueError(f"`{name}` must be a finite positive number. Received: {name}={value!r}") from None
+    if not (math.isfinite(number) and number > 0):
+        raise ValueError(f"`{name}` must be a finite positive number. Received: {name}={value!r}")
+    return number
+
+
+def to_numpy(value):
+    """What the inference methods return: NumPy arrays (lists of them stay lists).
+
+    Example:
+
+    >>> to_numpy([np.ones(2), np.zeros(1)])[1]
+    array([0.])
+    """
+    if isinstance(value, (list, tuple)):
+        return [to_numpy(v) for v in value]
+    return np.asarray(ops.convert_to_numpy(value))
+
