@@ -10,10 +10,19 @@
 Every error a user can cause (unknown entry, bad flag or value, missing or
 corrupt file) ends the program with status 2 and one line on stderr, no
 traceback. `--weights pretrained` loads the weights shipped with an entry.
+
+Keras and the backend are imported only by the commands that compute
+(`train`, `evaluate`, `sample`, `demo`), after their arguments are checked,
+so `--help`, `zoo` and argument errors answer at once. Their start-up log
+lines (TensorFlow's oneDNN and CUDA notices) are hidden unless
+`--backend-logs` is given or `TF_CPP_MIN_LOG_LEVEL` is set to 0.
 """
 
 import argparse
+import contextlib
+import importlib.util
 import json
+import logging
 import math
 import os
 import sys
@@ -57,11 +66,34 @@ def _positive(kind):
     return parse
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows `(default: ...)` after every option with a value; `None` defaults say theirs in words."""
+
+    def _get_help_string(self, action):
+        if action.default is None or isinstance(action.default, bool) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag in one line (no usage dump) with status 2."""
 
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _set_help(what):
+    from keras_avae import zoo
+
+    neutral = ", ".join(sorted(zoo._NEUTRAL_OVERRIDES))
+    return (
+        f"override {what} (repeatable; default: the entry's values). With --weights pretrained only "
+        f"{neutral} and values equal to the entry's are accepted; other keys change the architecture"
+    )
 
 
 def _build_parser():
@@ -69,61 +101,120 @@ def _build_parser():
         prog="keras-avae", description="Deep attentive VAEs: train, evaluate and sample zoo models."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    # The commands that import Keras and the backend.
+    backend = argparse.ArgumentParser(add_help=False)
+    backend.add_argument(
+        "--backend-logs",
+        action="store_true",
+        help="show TensorFlow/JAX log lines (hidden by default, as with TF_CPP_MIN_LOG_LEVEL=3)",
+    )
 
     commands.add_parser("zoo", help="list the zoo entries with their descriptions")
 
-    train = commands.add_parser("train", help="train a zoo entry (resumes a killed run in --output)")
+    train = commands.add_parser(
+        "train", parents=[backend], help="train a zoo entry (resumes a killed run in --output)"
+    )
     train.add_argument("name", help="zoo entry, see `keras-avae zoo`")
     train.add_argument("--data-dir", required=True, help="folder with the original data files")
     train.add_argument("--output", required=True, help="run folder: checkpoints, logs, PNGs, final model")
     train.add_argument("--epochs", type=_positive(int), help="total epochs (default: the entry's recipe)")
-    train.add_argument("--steps-per-epoch", type=_positive(int), help="default: one pass over the data")
+    train.add_argument(
+        "--steps-per-epoch", type=_positive(int), help="default: the recipe's, else one pass over the data"
+    )
     train.add_argument("--batch-size", type=_positive(int), help="per-replica batch (default: the recipe's)")
-    train.add_argument("--strategy", choices=_STRATEGIES, default="auto")
-    train.add_argument("--cpu-devices", type=_positive(int), help="split the CPU into N logical devices")
-    train.add_argument("--limit", type=_positive(int), help="use only the first N training images")
+    train.add_argument("--strategy", choices=_STRATEGIES, default="auto", help="distribution strategy")
+    train.add_argument(
+        "--cpu-devices", type=_positive(int), help="split the CPU into N logical devices (default: no split)"
+    )
+    train.add_argument("--limit", type=_positive(int), help="use only the first N training images (default: all)")
     train.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
     train.add_argument("--save-freq", default="epoch", help="'epoch' or N: checkpoint every N steps too")
-    train.add_argument(
-        "--set", action="append", metavar="KEY=VALUE", help="override a model or recipe value (repeatable)"
-    )
-    train.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2))
+    train.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a model or recipe value "
+                       "(repeatable; default: the entry's values)")
+    train.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2), help="Keras fit verbosity")
 
-    evaluate = commands.add_parser("evaluate", help="importance-sampled test NLL, printed as JSON")
-    evaluate.add_argument("name")
+    evaluate = commands.add_parser(
+        "evaluate", parents=[backend], help="importance-sampled test NLL, printed as JSON"
+    )
+    evaluate.add_argument("name", help="zoo entry, see `keras-avae zoo`")
     evaluate.add_argument("--weights", required=True, help="a .weights.h5 file, or 'pretrained'")
-    evaluate.add_argument("--data-dir", required=True)
-    evaluate.add_argument("--split", choices=("test", "train"), default="test")
+    evaluate.add_argument("--data-dir", required=True, help="folder with the original data files")
+    evaluate.add_argument("--split", choices=("test", "train"), default="test", help="data split")
     evaluate.add_argument("--num-samples", type=_positive(int), default=100, help="K importance samples")
-    evaluate.add_argument("--limit", type=_positive(int), help="the first N examples of the split")
+    evaluate.add_argument("--limit", type=_positive(int), help="the first N examples of the split (default: all)")
     evaluate.add_argument("--batch-size", type=_positive(int), default=25, help="images per pass")
-    evaluate.add_argument("--seed", type=int, default=0)
-    evaluate.add_argument("--set", action="append", metavar="KEY=VALUE", help="model config override")
+    evaluate.add_argument("--seed", type=int, default=0, help="binarisation and sampling seed")
+    evaluate.add_argument("--set", action="append", metavar="KEY=VALUE", help=_set_help("a model config value"))
     evaluate.add_argument(
         "--progress",
         metavar="FILE.npz",
-        help="save per-image results after every batch; run again with the same file to resume",
+        help="save per-image results after every batch; run again with the same file to resume "
+        "(default: no file)",
     )
     evaluate.add_argument("--verbose", type=int, default=0, choices=(0, 1), help="1: a line per batch on stderr")
 
-    sample = commands.add_parser("sample", help="draw images from the prior into a PNG grid")
-    sample.add_argument("name")
+    sample = commands.add_parser("sample", parents=[backend], help="draw images from the prior into a PNG grid")
+    sample.add_argument("name", help="zoo entry, see `keras-avae zoo`")
     sample.add_argument("--weights", required=True, help="a .weights.h5 file, or 'pretrained'")
-    sample.add_argument("--num", type=_positive(int), default=64)
-    sample.add_argument("--temperature", type=_positive(float), default=1.0)
+    sample.add_argument("--num", type=_positive(int), default=64, help="number of images")
+    sample.add_argument("--temperature", type=_positive(float), default=1.0, help="prior temperature")
     sample.add_argument("--out", required=True, help="output .png file")
-    sample.add_argument("--seed", type=int, default=0)
-    sample.add_argument("--set", action="append", metavar="KEY=VALUE", help="model config override")
+    sample.add_argument("--seed", type=int, default=0, help="sampling seed")
+    sample.add_argument("--set", action="append", metavar="KEY=VALUE", help=_set_help("a model config value"))
 
     demo = commands.add_parser(
-        "demo", help="offline: score the shipped MNIST test sample with a pretrained model, write PNG grids"
+        "demo",
+        parents=[backend],
+        help="offline: score the shipped MNIST test sample with a pretrained model, write PNG grids",
     )
     demo.add_argument("--name", default="mnist-attentive-small", help="a pretrained MNIST entry")
     demo.add_argument("--out", default="keras-avae-demo", help="folder for samples.png and reconstructions.png")
     demo.add_argument("--num-images", type=_positive(int), default=100, help="1 to 100 shipped test images")
     demo.add_argument("--num-samples", type=_positive(int), default=100, help="K importance samples")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=int, default=0, help="sampling seed")
     return parser
+
+
+@contextlib.contextmanager
+def _stderr_silenced():
+    """Sends file descriptor 2 to /dev/null (C++ libraries write there, not to `sys.stderr`)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _import_backend(args, tensorflow=False):
+    """Imports Keras (and TensorFlow when the command uses `tf.data`), quietly unless asked.
+
+    TensorFlow prints its oneDNN and CUDA notices while it is imported,
+    before `TF_CPP_MIN_LOG_LEVEL` takes effect, so they are hidden by
+    silencing stderr for the import; the variable (3 unless the user set it)
+    hides the later ones. `--backend-logs`, or `TF_CPP_MIN_LOG_LEVEL=0`,
+    shows everything.
+    """
+    if "keras" in sys.modules and (not tensorflow or "tensorflow" in sys.modules):
+        return  # already imported (a second command in one process, the tests)
+    quiet = not args.backend_logs and os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3") != "0"
+    if quiet:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    with _stderr_silenced() if quiet else contextlib.nullcontext():
+        import keras  # noqa: F401  (imports the backend)
+
+        if tensorflow and importlib.util.find_spec("tensorflow") is not None:
+            import tensorflow  # noqa: F401
+    if quiet:
+        if "absl.logging" in sys.modules:
+            sys.modules["absl.logging"].set_verbosity("error")
+        # "An NVIDIA GPU may be present ... Falling back to cpu" and the like.
+        logging.getLogger("jax._src.xla_bridge").setLevel(logging.ERROR)
+        logging.getLogger("tensorflow").setLevel(logging.ERROR)
 
 
 def _check_name(name):
@@ -138,11 +229,16 @@ def _check_dir(path, flag):
         raise UsageError(f"{flag}: no such directory: {path!r}")
 
 
-def _load_model(args):
-    from keras_avae import zoo
-
+def _check_weights(args):
     if args.weights != "pretrained" and not os.path.isfile(args.weights):
         raise UsageError(f"--weights: no such file: {args.weights!r}")
+
+
+def _load_model(args):
+    """`zoo.load` with `--weights` and `--set`: the same rules as in Python."""
+    from keras_avae import zoo
+
+    _check_weights(args)
     return zoo.load(args.name, weights=args.weights, seed=args.seed, **_parse_sets(args.set))
 
 
@@ -160,6 +256,7 @@ def _cmd_train(args):
     _check_name(args.name)
     _check_dir(args.data_dir, "--data-dir")
     save_freq = args.save_freq if args.save_freq == "epoch" else _positive(int)(args.save_freq)
+    _import_backend(args, tensorflow=True)
     from keras_avae import training
 
     # The strategy first: TensorFlow must not initialise before the CPU split.
@@ -199,6 +296,9 @@ def _cmd_train(args):
 def _cmd_evaluate(args):
     _check_name(args.name)
     _check_dir(args.data_dir, "--data-dir")
+    _check_weights(args)
+    _parse_sets(args.set)
+    _import_backend(args, tensorflow=True)
     import hashlib
 
     from keras_avae import datasets, evaluation, zoo
@@ -256,6 +356,9 @@ def _cmd_sample(args):
         raise UsageError(f"--out must name a .png file. Received: --out {args.out!r}")
     out_dir = os.path.dirname(os.path.abspath(args.out))
     _check_dir(out_dir, "--out (its folder)")
+    _check_weights(args)
+    _parse_sets(args.set)
+    _import_backend(args)
     import inspect
 
     import numpy as np
@@ -296,6 +399,7 @@ def _cmd_demo(args):
         trained = [n for n in zoo.names() if zoo.has_pretrained(n) and zoo.describe(n)["dataset"] == "mnist"]
         raise UsageError(f"the demo needs a pretrained MNIST entry ({', '.join(trained)}). Received: {args.name!r}")
     os.makedirs(args.out, exist_ok=True)
+    _import_backend(args)
     import numpy as np
     from keras import ops
 

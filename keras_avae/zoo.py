@@ -18,15 +18,30 @@ True
 
 import copy
 import functools
+import importlib
 import inspect
 import json
 import pathlib
 import warnings
 
-from keras_avae.models.discrete_vae import DiscreteVAE
-from keras_avae.models.hierarchical_vae import HierarchicalVAE
+# Model classes by the entries' "family", imported when first needed: listing
+# and describing entries (`keras-avae zoo`, argument checks) needs no Keras.
+_FAMILY_CLASSES = {
+    "hierarchical_vae": ("keras_avae.models.hierarchical_vae", "HierarchicalVAE"),
+    "discrete_vae": ("keras_avae.models.discrete_vae", "DiscreteVAE"),
+}
 
-_FAMILIES = {"hierarchical_vae": HierarchicalVAE, "discrete_vae": DiscreteVAE}
+
+def _family(family):
+    module, name = _FAMILY_CLASSES[family]
+    return getattr(importlib.import_module(module), name)
+
+
+def __getattr__(name):
+    # `zoo._FAMILIES`, the family -> class dict, for modules that use it.
+    if name == "_FAMILIES":
+        return {family: _family(family) for family in _FAMILY_CLASSES}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _entry_dir():
@@ -77,7 +92,7 @@ def describe(name):
 
 def _valid_keys(entry):
     """Override keys: the entry's config and its family's constructor arguments."""
-    family = _FAMILIES[entry["family"]]
+    family = _family(entry["family"])
     arguments = inspect.signature(family.__init__).parameters
     accepted = {key for key, p in arguments.items() if key != "self" and p.kind is p.POSITIONAL_OR_KEYWORD}
     return set(entry["config"]) | accepted | {"name", "dtype"}
@@ -151,7 +166,7 @@ def _architecture_changes(name, overrides):
     config(name, **overrides)  # unknown keys: the error that lists the valid ones
     defaults = {
         key: p.default
-        for key, p in inspect.signature(_FAMILIES[entry["family"]].__init__).parameters.items()
+        for key, p in inspect.signature(_family(entry["family"]).__init__).parameters.items()
         if p.default is not p.empty
     }
     changes = {}
@@ -263,7 +278,7 @@ def load(name, /, weights="default", **overrides):
                 f"architecture they were trained for: {_describe_changes(changes)}. Drop them, or ask for "
                 f"fresh weights (weights=None). Received: {', '.join(f'{k}={v!r}' for k, (v, _) in changes.items())}"
             )
-    model = _FAMILIES[entry["family"]](**config(name, **overrides))
+    model = _family(entry["family"])(**config(name, **overrides))
     model.build()
     if weights is not None:
         path = pathlib.Path(weights)

@@ -4,6 +4,7 @@ Every user mistake must end with status 2 and one line on stderr; the
 commands themselves run end to end on a tiny model (`--set` overrides).
 """
 
+import argparse
 import json
 import math
 import os
@@ -238,3 +239,155 @@ def test_demo_scores_the_shipped_sample_and_draws_grids(tmp_path, capsys):
     # The trained model reconstructs the digits it is shown (a fresh one
     # gives grey noise, about 0.5 from every pixel).
     assert np.abs(images - recons).mean() < 0.12
+
+
+# ---------------------------------------------------------------------- #
+# --set follows zoo.load's rules
+# ---------------------------------------------------------------------- #
+
+
+def _sample_with(tmp_path, capsys, monkeypatch, extra_sets, png="s.png"):
+    """Runs `sample mnist-gumbel-small --weights pretrained`; returns (status, err, model, png bytes)."""
+    loaded = {}
+    save_grid = cli._save_grid
+
+    def capture(path, model, rows):
+        loaded["model"] = model
+        save_grid(path, model, rows)
+
+    monkeypatch.setattr(cli, "_save_grid", capture)
+    out = tmp_path / png
+    status, _, err = run_main(
+        ["sample", "mnist-gumbel-small", "--weights", "pretrained", "--num", "4", "--out", str(out)]
+        + sets(extra_sets),
+        capsys,
+    )
+    return status, err, loaded.get("model"), out.read_bytes() if out.is_file() else None
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="zoo models are supported on TensorFlow and JAX")
+def test_set_keeps_pretrained_weights_for_neutral_and_same_value_keys(tmp_path, capsys, monkeypatch):
+    from tests.models.test_zoo import has_pretrained_weights, model_arrays
+
+    status, err, plain, plain_png = _sample_with(tmp_path, capsys, monkeypatch, [], "plain.png")
+    assert status == 0, err
+    status, err, model, png = _sample_with(
+        tmp_path, capsys, monkeypatch, ["l2=0.01", "hidden_units=256", "image_shape=[32,32,1]"]
+    )
+    assert status == 0, err
+    assert has_pretrained_weights(model, "mnist-gumbel-small")  # against the file itself
+    assert png == plain_png  # the same function, the same seed: the same samples
+    # Python, with the same overrides, gives the same model.
+    python = zoo.load("mnist-gumbel-small", seed=0, l2=0.01, hidden_units=256, image_shape=[32, 32, 1])
+    assert model_arrays(python) == model_arrays(model)
+    same_config = ({**m.get_config(), "name": None} for m in (model, python))
+    assert next(same_config) == next(same_config)
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="zoo models are supported on TensorFlow and JAX")
+def test_set_that_changes_the_architecture_is_refused_like_python(tmp_path, capsys, monkeypatch):
+    status, err, model, png = _sample_with(tmp_path, capsys, monkeypatch, ["hidden_units=128", "l2=0.01"])
+    assert status == 2 and model is None and png is None
+    assert_one_line_error(err, "hidden_units=128 (entry: 256)")
+    assert "l2" not in err
+    with pytest.raises(ValueError) as info:
+        zoo.load("mnist-gumbel-small", weights="pretrained", seed=0, hidden_units=128, l2=0.01)
+    assert " ".join(str(info.value).split()) in err
+
+
+# ---------------------------------------------------------------------- #
+# Start-up: no framework for --help and argument errors, no log noise
+# ---------------------------------------------------------------------- #
+
+FRAMEWORKS = {"keras", "tensorflow", "jax", "jaxlib", "torch", "tensorflow_probability", "tensorflow_datasets"}
+CONSOLE_SCRIPT = os.path.join(os.path.dirname(sys.executable), "keras-avae")
+
+
+def imported_packages(command, env=None):
+    """Runs `python -X importtime COMMAND...`; returns (process, top-level packages imported)."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", *command], capture_output=True, text=True, env=env, timeout=300
+    )
+    packages = {
+        line.rsplit("|", 1)[1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time:")
+    }
+    return proc, packages
+
+
+@pytest.mark.parametrize(
+    "argv, status",
+    [
+        (["--help"], 0),
+        (["evaluate", "--help"], 0),
+        (["zoo"], 0),
+        (["sample", "mnist-nope", "--weights", "w", "--out", "o.png"], 2),
+        (["sample", "mnist-gumbel-small", "--weights", "missing.h5", "--out", "o.png"], 2),
+        (["train", "mnist-baseline", "--data-dir", "d", "--output", "o", "--epochs", "-3"], 2),
+    ],
+)
+@pytest.mark.parametrize("launcher", ["module", "console_script"])
+def test_help_and_argument_errors_import_no_framework(argv, status, launcher):
+    if launcher == "module":
+        command = ["-m", "keras_avae.cli", *argv]
+    else:
+        if not os.path.isfile(CONSOLE_SCRIPT):
+            pytest.skip("keras-avae console script not installed next to this Python")
+        command = [CONSOLE_SCRIPT, *argv]
+    proc, packages = imported_packages(command)
+    assert proc.returncode == status, proc.stderr[-2000:]
+    assert "keras_avae" in packages
+    assert not packages & FRAMEWORKS, packages & FRAMEWORKS
+
+
+def test_library_import_still_registers_every_module():
+    # Outside the command line `import keras_avae` imports its modules, so
+    # `.keras` files load after it (the layers and models register on import).
+    code = (
+        "import sys, keras_avae, keras; "
+        "assert 'keras_avae.models.hierarchical_vae' in sys.modules; "
+        "assert keras.saving.get_registered_object('keras_avae>HierarchicalVAE') is not None; "
+        "print(keras_avae.layers.PerformerAttention.__name__)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "PerformerAttention"
+
+
+def test_help_shows_every_default():
+    parser = cli._build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in commands.choices.items():
+        text = "".join(sub.format_help().split())  # argparse wraps lines at spaces and hyphens
+        for action in sub._actions:
+            if not action.option_strings or action.required or action.default == argparse.SUPPRESS:
+                continue
+            if action.default is None:
+                assert "default" in action.help, (name, action.option_strings)
+            elif not isinstance(action.default, bool):
+                assert f"(default:{action.default})" in text, (name, action.option_strings)
+
+
+TF_LOG_LINE = re.compile(r"^[IWEF]\d{4} |absl::InitializeLog|oneDNN|cuda", re.IGNORECASE)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND == "torch", reason="zoo models are supported on TensorFlow and JAX")
+def test_commands_print_no_backend_log_lines_unless_asked(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    command = [sys.executable, "-m", "keras_avae.cli", "sample", "mnist-gumbel-small", "--weights", "pretrained"]
+    quiet = subprocess.run(
+        command + ["--num", "2", "--out", str(tmp_path / "q.png")], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    assert quiet.stderr.splitlines() == [f"Wrote 2 samples to {tmp_path / 'q.png'}"], quiet.stderr
+    if BACKEND == "tensorflow":
+        # The check sees the lines when they are there: --backend-logs shows them.
+        loud = subprocess.run(
+            command + ["--num", "2", "--out", str(tmp_path / "l.png"), "--backend-logs"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert loud.returncode == 0, loud.stderr[-2000:]
+        assert any(TF_LOG_LINE.search(line) for line in loud.stderr.splitlines()), loud.stderr
