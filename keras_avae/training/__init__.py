@@ -26,7 +26,10 @@ one concept per module:
   made safe against a kill at any moment and exact for mid-epoch
   checkpoints (over the atomic writes of `atomic_files`).
 - `images`: `image_grid` and `save_image_grid`, PNG grids of images.
-- `run_folder`: a run's `run.json` and `history.csv`.
+- `run_folder`: a run folder's lock (`run.lock`), `run.json` and
+  `history.csv`.
+- `interrupts`: SIGINT/SIGTERM stop training after a checkpoint of the
+  current step (`TrainingInterrupted`).
 - `trainer`: `train(...)`, one call that builds, compiles, resumes and
   trains a zoo entry or a model, and writes `model.keras` and
   `model.weights.h5`.
@@ -70,6 +73,7 @@ from keras_avae.training.distribute import split_cpu
 from keras_avae.training.images import encode_png
 from keras_avae.training.images import image_grid
 from keras_avae.training.images import save_image_grid
+from keras_avae.training.interrupts import TrainingInterrupted
 from keras_avae.training.optimizers import NonFiniteGuard
 from keras_avae.training.optimizers import NonFiniteTrainingError
 from keras_avae.training.optimizers import find_guard

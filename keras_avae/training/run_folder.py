@@ -1,15 +1,69 @@
-"""A run folder's records: `run.json` (the settings) and `history.csv`.
+"""A run folder's owner and records: `run.lock`, `run.json` and `history.csv`.
 
-`train` refuses to resume a folder whose `run.json` names another model,
-recipe or step count, and truncates `history.csv` to the epochs the
-checkpoint holds.
+`train` holds an exclusive lock on the folder while it runs (a second
+`train` on it is refused, naming the process that holds it), refuses to
+resume a folder whose `run.json` holds other settings, and truncates
+`history.csv` to the epochs the checkpoint holds.
 """
 
+import contextlib
 import csv
 import json
+import os
 import pathlib
+import socket
+
+import filelock
 
 from keras_avae.training.atomic_files import _atomic_write
+
+LOCK = "run.lock"
+
+# The settings a resume must keep: the rest of `run.json` (backend, compile
+# mode, replicas) may change. The device count may change between runs as
+# long as the global batch does not (it only sets the synchronisation of
+# batch norm, whose statistics are those of the global batch either way).
+# `epochs` is checked apart: a finished run may be continued with more.
+_RESUME_KEYS = ("model", "config", "recipe", "steps_per_epoch", "batch_size", "data")
+
+
+@contextlib.contextmanager
+def _owned(output_dir):
+    """Holds an exclusive lock on `output_dir/run.lock` while the body runs.
+
+    The lock is an `flock` (through `filelock`): the kernel releases it when
+    the process ends, however it ends (SIGKILL included), so a stale lock is
+    taken over by the next run. The holder writes its PID and host into the
+    file, for the message a refused run prints.
+    """
+    path = pathlib.Path(output_dir) / LOCK
+    lock = filelock.FileLock(str(path), timeout=0)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise RuntimeError(
+            f"{output_dir} is in use by {_holder(path)}: one `train` at a time per run folder "
+            f"(lock {path}). Wait for it to end, stop it, or use another output folder."
+        ) from None
+    try:
+        # In place (a rename would replace the locked file): readers may see
+        # it empty for a moment, which only shortens their message.
+        with open(path, "r+") as f:
+            f.truncate()
+            f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n")
+        yield
+    finally:
+        lock.release()
+
+
+def _holder(path):
+    """`process PID on host HOST`, as the lock file names its holder."""
+    try:
+        with open(path) as f:
+            owner = json.loads(f.read())
+        return f"process {int(owner['pid'])} on host {owner['host']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"
 
 
 def _recorded_feature_seed(path):
@@ -21,51 +75,86 @@ def _recorded_feature_seed(path):
         return None
 
 
-
-def _check_run_record(path, record):
-    """Refuses to resume a run directory with another model or recipe."""
+def _read_record(path):
+    """A run folder's `run.json` as a dict, or `None` when there is none."""
     path = pathlib.Path(path)
     if not path.exists():
-        return
+        return None
     with open(path) as f:
-        previous = json.load(f)
-    # The device count may change between runs (it only sets the
-    # synchronisation of batch norm); the model, recipe and step count may not.
-    def comparable(run, key):
-        value = _jsonable(run[key])
-        if key == "config":
-            value = {k: v for k, v in value.items() if k != "synchronized_batch_norm"}
-        return value
+        return json.load(f)
 
-    keys = ("model", "config", "recipe", "steps_per_epoch")
-    changed = [k for k in keys if k in previous and comparable(previous, k) != comparable(record, k)]
-    if changed:
-        details = "; ".join(f"{k}: {previous[k]!r} -> {record[k]!r}" for k in changed)
+
+def _check_run_record(path, record, finished_epochs=None):
+    """Refuses to resume a run folder recorded with other settings.
+
+    Compares the settings of `_RESUME_KEYS` that both records hold (a key a
+    newer version records is not in an older `run.json`), entry by entry for
+    the model config and the recipe, and `epochs` unless the checkpoint holds
+    every recorded epoch (`finished_epochs`) and more are asked for. The
+    message names the differing keys with their recorded and requested
+    values, in one line.
+    """
+    path = pathlib.Path(path)
+    previous = _read_record(path)
+    if previous is None:
+        return
+    changes = list(_differences(previous, record))
+    if "epochs" in previous and previous["epochs"] != record["epochs"]:
+        extended = finished_epochs is not None and finished_epochs >= previous["epochs"] < record["epochs"]
+        if not extended:
+            changes.append(("epochs", previous["epochs"], record["epochs"]))
+    if changes:
+        details = "; ".join(f"{key}: recorded {old!r}, requested {new!r}" for key, old, new in changes)
         raise ValueError(
-            f"{path.parent} holds a run with other settings ({details}). Use a new output directory, "
-            "or the same settings to resume it."
+            f"{path.parent} holds a run with other settings ({details}). Resume it with the recorded "
+            "settings, or use a new output folder."
         )
 
+
+def _differences(previous, record):
+    """`(key, recorded, requested)` for each resume setting that differs."""
+    for key in _RESUME_KEYS:
+        if key not in previous or key not in record:
+            continue
+        old, new = _jsonable(previous[key]), _jsonable(record[key])
+        if isinstance(old, dict) and isinstance(new, dict):
+            for name in sorted(old.keys() & new.keys()):
+                if key == "config" and name == "synchronized_batch_norm":
+                    continue  # follows the device count
+                if old[name] != new[name]:
+                    yield f"{key}.{name}", old[name], new[name]
+        elif old != new:
+            yield key, old, new
 
 
 def _jsonable(value):
     return json.loads(json.dumps(value, default=str))
 
 
-
 def _truncate_history(path, epoch):
-    """Keeps the CSV rows of epochs before `epoch` (those the checkpoint holds)."""
+    """Keeps the CSV rows of epochs before `epoch` (those the checkpoint holds).
+
+    Also drops a row cut short by a kill while it was written (fewer fields
+    than the header), so the next row starts on a line of its own.
+    """
     path = pathlib.Path(path)
     if not path.exists():
         return
     with open(path, newline="") as f:
-        rows = list(csv.reader(f))
+        text = f.read()
+    rows = list(csv.reader(text.splitlines()))
     if not rows:
         return
     header, body = rows[0], rows[1:]
     column = header.index("epoch") if "epoch" in header else None
-    kept = [r for r in body if column is None or (len(r) > column and r[column] and int(float(r[column])) < epoch)]
-    if len(kept) == len(body):
+
+    def kept_row(row):
+        if len(row) != len(header):
+            return False
+        return column is None or (row[column] != "" and int(float(row[column])) < epoch)
+
+    kept = [r for r in body if kept_row(r)]
+    if len(kept) == len(body) and text.endswith("\n"):
         return
 
     def write(tmp):

@@ -26,12 +26,16 @@ from keras_avae.training.checkpoints import AtomicBackupAndRestore
 from keras_avae.training.distribute import _multi_worker_log_reduction
 from keras_avae.training.distribute import is_chief
 from keras_avae.training.distribute import num_replicas
+from keras_avae.training.interrupts import TrainingInterrupted
+from keras_avae.training.interrupts import _StopOnSignal
 from keras_avae.training.optimizers import NonFiniteTrainingError
 from keras_avae.training.optimizers import make_optimizer
 from keras_avae.training.recipes import _positive_int
 from keras_avae.training.recipes import resolve_recipe
 from keras_avae.training.run_folder import _check_run_record
 from keras_avae.training.run_folder import _jsonable
+from keras_avae.training.run_folder import _owned
+from keras_avae.training.run_folder import _read_record
 from keras_avae.training.run_folder import _recorded_feature_seed
 from keras_avae.training.run_folder import _truncate_history
 
@@ -59,7 +63,9 @@ def _first_images(data, n):
 
 def _infer_steps_per_epoch(dataset, steps_per_epoch, batch_size):
     if steps_per_epoch is not None:
-        return _positive_int("steps_per_epoch", steps_per_epoch)
+        steps_per_epoch = _positive_int("steps_per_epoch", steps_per_epoch)
+        _check_enough_batches(dataset, steps_per_epoch, batch_size)
+        return steps_per_epoch
     if isinstance(dataset, np.ndarray):
         return max(1, math.ceil(len(dataset) / batch_size))
     if hasattr(dataset, "cardinality"):
@@ -70,6 +76,21 @@ def _infer_steps_per_epoch(dataset, steps_per_epoch, batch_size):
         "`steps_per_epoch` is needed for a dataset of unknown or infinite length "
         f"(the learning-rate schedule and checkpoints count steps). Received: steps_per_epoch=None"
     )
+
+
+def _check_enough_batches(dataset, steps_per_epoch, batch_size):
+    """Refuses an epoch longer than the data (`fit` would cut it short with a warning only)."""
+    if isinstance(dataset, np.ndarray):
+        batches, what = math.ceil(len(dataset) / batch_size), f"{len(dataset)} images in batches of {batch_size}"
+    elif hasattr(dataset, "cardinality") and int(dataset.cardinality()) >= 0:
+        batches, what = int(dataset.cardinality()), "the dataset"
+    else:
+        return  # infinite (repeated) or unknown length
+    if batches < steps_per_epoch:
+        raise ValueError(
+            f"`steps_per_epoch` asks for {steps_per_epoch} batches per epoch but {what} make {batches}. "
+            f"Use fewer steps or more data (or `dataset.repeat()`). Received: steps_per_epoch={steps_per_epoch}"
+        )
 
 
 
@@ -211,9 +232,12 @@ class _Run:
     batch_size: int
     replicas: int
     chief: bool
+    data: dict | None = None
 
 
-def _resolve_run(model, dataset, output_dir, epochs, steps_per_epoch, strategy, batch_size, recipe_overrides):
+def _resolve_run(
+    model, dataset, output_dir, epochs, steps_per_epoch, strategy, batch_size, recipe_overrides, data_info=None
+):
     """The run's recipe, length and global batch; makes the run folder (chief only)."""
     output_dir = pathlib.Path(output_dir)
     name = model if isinstance(model, str) else None
@@ -227,12 +251,14 @@ def _resolve_run(model, dataset, output_dir, epochs, steps_per_epoch, strategy, 
     steps_per_epoch = _infer_steps_per_epoch(dataset, steps_per_epoch, batch_size)
     if chief:
         output_dir.mkdir(parents=True, exist_ok=True)
-    return _Run(output_dir, name, recipe, epochs, steps_per_epoch, batch_size, replicas, chief)
+    if data_info is not None and not isinstance(data_info, dict):
+        raise ValueError(f"`data_info` must be a dict or None. Received: data_info={data_info!r}")
+    return _Run(output_dir, name, recipe, epochs, steps_per_epoch, batch_size, replicas, chief, data_info)
 
 
 def _run_record(run, model):
     """The content of `run.json`: the settings, of which a resume must keep some."""
-    return {
+    record = {
         "model": run.name or type(model).__name__,
         "config": {k: v for k, v in model.get_config().items() if k != "name"},
         "recipe": run.recipe,
@@ -243,6 +269,9 @@ def _run_record(run, model):
         "backend": BACKEND,
         "compile_mode": compile_mode(model),
     }
+    if run.data is not None:
+        record["data"] = run.data
+    return record
 
 
 def _build_and_restore(model, strategy, run, config_overrides, jit_compile, save_freq):
@@ -263,7 +292,8 @@ def _build_and_restore(model, strategy, run, config_overrides, jit_compile, save
             run.output_dir / "backup", save_freq=save_freq, steps_per_epoch=run.steps_per_epoch
         )
         record = _run_record(run, model)
-        _check_run_record(run.output_dir / "run.json", record)
+        committed = backup.read_state()
+        _check_run_record(run.output_dir / "run.json", record, committed["epoch"] if committed else None)
         state = backup.restore(model)
     return model, backup, record, state
 
@@ -271,12 +301,17 @@ def _build_and_restore(model, strategy, run, config_overrides, jit_compile, save
 def _start(run, record, state, verbose):
     """Writes `run.json`, says where training starts and trims `history.csv`.
 
+    `run.json` describes what was trained: it is written when this call
+    trains (a new run, or more epochs) and records something new, never by
+    a call that finds the run complete or is refused.
+
     Returns `(epoch, step)`: where the restored checkpoint left off, or
     `(0, 0)` for a new run.
     """
-    if run.chief:
-        _atomic_write_text(run.output_dir / "run.json", json.dumps(_jsonable(record), indent=1))
     epoch, step = (state["epoch"], state["step"]) if state else (0, 0)
+    path = run.output_dir / "run.json"
+    if run.chief and epoch < run.epochs and _read_record(path) != _jsonable(record):
+        _atomic_write_text(path, json.dumps(_jsonable(record), indent=1))
     if verbose:
         print(f"Training step: {record['compile_mode']}.")
     if state and verbose:
@@ -372,6 +407,7 @@ def train(
     callbacks=None,
     verbose="auto",
     jit_compile="auto",
+    data_info=None,
     **recipe_overrides,
 ):
     """Trains a zoo entry (or a model), resumably, and saves it.
@@ -401,8 +437,20 @@ def train(
     a run with synchronised batch norm both files come from a copy without
     it and without optimizer state, so they load on every backend (the
     checkpoint keeps the optimizer state).
-    `run.json` records the settings; resuming with another model or recipe
-    is refused. Under `MultiWorkerMirroredStrategy` only the chief writes.
+    The run folder is owned: while `train` runs, an exclusive lock on
+    `output_dir/run.lock` (which names the holder's PID and host) makes a
+    second `train` on it fail with a `RuntimeError`; the kernel releases the
+    lock however the process ends, so a killed run's lock is taken over.
+    `run.json` records the settings of what was trained (a call that trains
+    nothing or is refused leaves it as it is); resuming with another model
+    config, recipe, batch size, step count, epoch count (except more epochs
+    after a finished run) or `data_info` is refused with a `ValueError`
+    naming each differing setting. `history.csv` keeps one row per finished
+    epoch. SIGINT (Ctrl-C) or SIGTERM stops training after the current step,
+    checkpoints it and raises `TrainingInterrupted` (the same call resumes
+    from there; a second signal stops at once); the handlers are installed
+    in the main thread for the duration of the call only. Under
+    `MultiWorkerMirroredStrategy` only the chief writes (and locks).
 
     Args:
         model: a zoo name, a `keras.Model` (created under `strategy.scope()`
@@ -427,6 +475,9 @@ def train(
         callbacks: extra Keras callbacks.
         verbose: `fit`'s verbosity.
         jit_compile: passed to `compile`.
+        data_info: optional dict describing the training data (what
+            `keras-avae train` passes: dataset, `limit`, seed), recorded in
+            `run.json` as `data` and checked on resume.
         **recipe_overrides: training recipe values (see `resolve_recipe`),
             e.g. `learning_rate=2e-3`, `global_clipnorm=200.0`,
             `max_nonfinite_steps=10`.
@@ -435,8 +486,12 @@ def train(
         The trained model.
 
     Raises:
-        ValueError: for invalid arguments, or an output directory holding
-            a run with other settings.
+        ValueError: for invalid arguments, fewer batches than
+            `steps_per_epoch`, or an output directory holding a run with
+            other settings.
+        RuntimeError: another process is training in `output_dir`.
+        TrainingInterrupted: SIGINT or SIGTERM stopped the run (its
+            checkpoint holds the last step).
         NonFiniteTrainingError: when more than `max_nonfinite_steps` steps
             were skipped (the checkpoint holds the last finite state).
 
@@ -453,26 +508,59 @@ def train(
     >>> int(keras.ops.convert_to_numpy(model.optimizer.iterations)), sorted(p.name for p in pathlib.Path(out).glob("model.*"))
     (2, ['model.keras', 'model.weights.h5'])
     """
-    run = _resolve_run(model, dataset, output_dir, epochs, steps_per_epoch, strategy, batch_size, recipe_overrides)
-    model, backup, record, state = _build_and_restore(model, strategy, run, config_overrides, jit_compile, save_freq)
-    epoch, step = _start(run, record, state, verbose)
-
-    monitor = NonFiniteMonitor(run.recipe["max_nonfinite_steps"])
-    images_from = validation_data if validation_data is not None else dataset
-    run_callbacks = _make_callbacks(model, run, monitor, backup, images_from, tensorboard, num_images, callbacks)
-    fit_kwargs = dict(
-        validation_data=validation_data,
-        validation_steps=validation_steps,
-        callbacks=run_callbacks,
-        verbose=verbose,
+    run = _resolve_run(
+        model, dataset, output_dir, epochs, steps_per_epoch, strategy, batch_size, recipe_overrides, data_info
     )
-    if isinstance(dataset, np.ndarray):
-        fit_kwargs["batch_size"] = run.batch_size
-    else:
-        fit_kwargs["shuffle"] = False  # tf.data pipelines shuffle themselves (seeded)
-    _fit(model, dataset, run, strategy, backup, monitor, epoch, step, fit_kwargs)
-    if monitor.stopped_message is not None:
-        raise NonFiniteTrainingError(monitor.stopped_message)
-    if run.chief:
-        _save_final(model, run.output_dir, portable=bool(getattr(model, "synchronized_batch_norm", False)))
+    # The chief owns the folder (the other workers only read its checkpoint).
+    with _owned(run.output_dir) if run.chief else contextlib.nullcontext(), _StopOnSignal() as stopper:
+        model, backup, record, state = _build_and_restore(model, strategy, run, config_overrides, jit_compile, save_freq)
+        epoch, step = _start(run, record, state, verbose)
+
+        monitor = NonFiniteMonitor(run.recipe["max_nonfinite_steps"])
+        images_from = validation_data if validation_data is not None else dataset
+        run_callbacks = _make_callbacks(model, run, monitor, backup, images_from, tensorboard, num_images, callbacks)
+        fit_kwargs = dict(
+            validation_data=validation_data,
+            validation_steps=validation_steps,
+            callbacks=[stopper] + run_callbacks,
+            verbose=verbose,
+        )
+        if isinstance(dataset, np.ndarray):
+            fit_kwargs["batch_size"] = run.batch_size
+        else:
+            fit_kwargs["shuffle"] = False  # tf.data pipelines shuffle themselves (seeded)
+        if stopper.signum is None:
+            _fit(model, dataset, run, strategy, backup, monitor, epoch, step, fit_kwargs)
+        done = _committed_epoch(backup, epoch)
+        if done < run.epochs and run.chief:
+            # A stop mid-epoch logged a row for the unfinished epoch.
+            _truncate_history(run.output_dir / "history.csv", done)
+        if stopper.signum is not None and done < run.epochs:
+            _interrupted(run, backup, stopper)
+        if monitor.stopped_message is not None:
+            raise NonFiniteTrainingError(monitor.stopped_message)
+        trained = epoch < run.epochs
+        if run.chief and (trained or not (run.output_dir / "model.weights.h5").exists()):
+            _save_final(model, run.output_dir, portable=bool(getattr(model, "synchronized_batch_norm", False)))
     return model
+
+
+def _committed_epoch(backup, default):
+    """The epoch the committed checkpoint starts (its finished epochs)."""
+    state = backup.read_state()
+    return state["epoch"] if state else default
+
+
+def _interrupted(run, backup, stopper):
+    """Raises `TrainingInterrupted`: what was saved, and how to resume."""
+    state = backup.read_state()
+    if state is None:
+        where = "no step was trained, no checkpoint written"
+    else:
+        where = (
+            f"checkpoint at epoch {state['epoch'] + 1} of {run.epochs}, step {state['step']} of "
+            f"{run.steps_per_epoch} ({state['iterations']} optimizer steps) in {backup.backup_dir}"
+        )
+    raise TrainingInterrupted(
+        stopper.signum, f"stopped by {stopper.signal_name}: {where}; run the same command again to resume."
+    )
