@@ -269,13 +269,22 @@ def _cmd_train(args):
     replicas = training.num_replicas(strategy)
     global_batch = (args.batch_size or recipe["batch_size_per_replica"]) * replicas
     data = zoo.describe(args.name)["dataset"]
+    examples = len(datasets.load(data, args.data_dir, "train")[0])
+    batches = min(examples, args.limit or examples) // global_batch  # full batches only
+    steps = args.steps_per_epoch or recipe.get("steps_per_epoch") or max(1, batches)
+    _check_enough_data(args.limit, examples, global_batch, steps)
+    # Fewer steps than batches: one stream over the epochs (a finite dataset
+    # would be cut short in the epoch where it runs out).
     train_data = datasets.make_dataset(
-        data, "train", args.data_dir, global_batch, seed=args.seed, limit=args.limit, strategy=strategy
+        data,
+        "train",
+        args.data_dir,
+        global_batch,
+        seed=args.seed,
+        limit=args.limit,
+        strategy=strategy,
+        repeat=steps < batches,
     )
-    steps = args.steps_per_epoch or recipe.get("steps_per_epoch")
-    if steps is None:
-        examples = len(datasets.load(data, args.data_dir, "train")[0])
-        steps = max(1, min(examples, args.limit or examples) // global_batch)
     start = time.time()
     training.train(
         args.name,
@@ -288,9 +297,28 @@ def _cmd_train(args):
         config_overrides=config_overrides,
         save_freq=save_freq,
         verbose=args.verbose,
+        data_info={"dataset": data, "limit": args.limit, "seed": args.seed},
         **recipe_overrides,
     )
     print(f"Trained {args.name} in {time.time() - start:.0f} s; final model in {args.output}", file=sys.stderr)
+
+
+def _check_enough_data(limit, examples, batch_size, steps_per_epoch):
+    """Refuses, before training, data that cannot fill one batch or one epoch."""
+    used = min(examples, limit or examples)
+    batches = used // batch_size
+    source = f"limit={limit} keeps {used}" if limit else f"the split has {used}"
+    if batches == 0:
+        raise ValueError(
+            f"`limit` too small: {source} training images, fewer than one batch of {batch_size}. "
+            f"Received: limit={limit}, batch_size={batch_size} (global)"
+        )
+    if batches < steps_per_epoch:
+        raise ValueError(
+            f"`steps_per_epoch`={steps_per_epoch} needs {steps_per_epoch * batch_size} images per epoch "
+            f"({steps_per_epoch} batches of {batch_size}) but {source}: {batches} batches. Use a smaller "
+            f"--steps-per-epoch or a larger --limit. Received: steps_per_epoch={steps_per_epoch}, limit={limit}"
+        )
 
 
 def _cmd_evaluate(args):
@@ -459,6 +487,11 @@ def main(argv=None):
     except UsageError as error:
         print(f"keras-avae {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as stop:
+        # `training.TrainingInterrupted` (SIGINT/SIGTERM after a checkpoint)
+        # says what was saved; a plain one (a second Ctrl-C) only that it stopped.
+        print(f"keras-avae {args.command}: {stop or 'interrupted'}", file=sys.stderr)
+        return getattr(stop, "exit_status", 130)
     except (ValueError, FileNotFoundError, OSError, RuntimeError) as error:
         if os.environ.get("KERAS_AVAE_DEBUG"):
             raise
