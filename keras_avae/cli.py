@@ -199,7 +199,9 @@ def _import_backend(args, tensorflow=False):
     hides the later ones. `--backend-logs`, or `TF_CPP_MIN_LOG_LEVEL=0`,
     shows everything.
     """
-    if "keras" in sys.modules and (not tensorflow or "tensorflow" in sys.modules):
+    import keras_avae
+
+    if "keras_avae.training" in sys.modules and (not tensorflow or "tensorflow" in sys.modules):
         return  # already imported (a second command in one process, the tests)
     quiet = not args.backend_logs and os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3") != "0"
     if quiet:
@@ -209,6 +211,14 @@ def _import_backend(args, tensorflow=False):
 
         if tensorflow and importlib.util.find_spec("tensorflow") is not None:
             import tensorflow  # noqa: F401
+        # What `import keras_avae` imports outside the command line: some
+        # modules import TensorFlow (or its relatives) on every backend.
+        for module in keras_avae._SUBMODULES:
+            importlib.import_module(f"keras_avae.{module}")
+        from keras_avae.distributions.tfp import has_tfp, tfd
+
+        if has_tfp():
+            tfd()  # TFP's JAX substrate imports TensorFlow too
     if quiet:
         if "absl.logging" in sys.modules:
             sys.modules["absl.logging"].set_verbosity("error")

@@ -229,7 +229,15 @@ NEUTRAL = [
     ("mnist-gumbel-small", dict(seed=3, l2=0.01, dtype="float32")),
     (
         "mnist-baseline-small",
-        dict(seed=3, name="renamed", l2=0.01, log_scale_noise=0.01, bn_momentum=0.5, synchronized_batch_norm=True),
+        dict(
+            seed=3,
+            name="renamed",
+            l2=0.01,
+            log_scale_noise=0.01,
+            bn_momentum=0.5,
+            # Keras supports synchronised batch norm on TensorFlow only.
+            synchronized_batch_norm=keras.backend.backend() == "tensorflow",
+        ),
     ),
 ]
 # Architecture keys given the entry's own value (or the family default): no change.
