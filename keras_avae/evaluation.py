@@ -11,7 +11,7 @@ K = 100 takes hours on a CPU.
 import json
 import math
 import os
-import tempfile
+import pathlib
 import time
 
 import keras
@@ -277,11 +277,12 @@ def _read_progress(path, identity):
 
 def _write_progress(path, identity, state):
     """Writes the progress file atomically: a crash leaves the old or the new file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".progress-", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as f:
+    from keras_avae.training.atomic_files import _atomic_write
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
             np.savez(
                 f,
                 identity=np.array(json.dumps(identity, sort_keys=True)),
@@ -290,13 +291,8 @@ def _write_progress(path, identity, state):
                 checksums=np.asarray(state["checksums"], np.float64),
                 seconds=np.array(state["seconds"], np.float64),
             )
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+
+    _atomic_write(path, write, pathlib.Path(path).suffix)
 
 
 def summarize(log_px, elbo, num_data_dims):
