@@ -32,6 +32,7 @@ from keras_avae.training.optimizers import NonFiniteTrainingError
 from keras_avae.training.optimizers import make_optimizer
 from keras_avae.training.recipes import _positive_int
 from keras_avae.training.recipes import resolve_recipe
+from keras_avae.training.reproducibility import _make_reproducible
 from keras_avae.training.run_folder import _check_run_record
 from keras_avae.training.run_folder import _jsonable
 from keras_avae.training.run_folder import _owned
@@ -408,6 +409,8 @@ def train(
     verbose="auto",
     jit_compile="auto",
     data_info=None,
+    seed=None,
+    deterministic=True,
     **recipe_overrides,
 ):
     """Trains a zoo entry (or a model), resumably, and saves it.
@@ -478,6 +481,15 @@ def train(
         data_info: optional dict describing the training data (what
             `keras-avae train` passes: dataset, `limit`, seed), recorded in
             `run.json` as `data` and checked on resume.
+        seed: int or `None`. An int seeds Python, NumPy, the backend and
+            Keras (`keras.utils.set_random_seed`) before the model is built:
+            weight initialisation, seeds the model leaves as `None`,
+            shuffling of arrays. A dataset built before the call keeps its
+            order. `None` leaves the generators as they are.
+        deterministic: with a `seed`, also ask the backend for
+            deterministic kernels, process-wide (TensorFlow's
+            `enable_op_determinism`, torch's deterministic algorithms): the
+            same call then gives the same numbers on the same machine.
         **recipe_overrides: training recipe values (see `resolve_recipe`),
             e.g. `learning_rate=2e-3`, `global_clipnorm=200.0`,
             `max_nonfinite_steps=10`.
@@ -511,6 +523,8 @@ def train(
     run = _resolve_run(
         model, dataset, output_dir, epochs, steps_per_epoch, strategy, batch_size, recipe_overrides, data_info
     )
+    if seed is not None:
+        _make_reproducible(seed, deterministic)
     # The chief owns the folder (the other workers only read its checkpoint).
     with _owned(run.output_dir) if run.chief else contextlib.nullcontext(), _StopOnSignal() as stopper:
         model, backup, record, state = _build_and_restore(model, strategy, run, config_overrides, jit_compile, save_freq)
