@@ -127,6 +127,28 @@ def test_summarize_matches_the_formulas():
     assert evaluation.summarize(log_px[:1], elbo[:1], 784)["nll_stderr"] is None
 
 
+
+def test_paired_difference_of_two_progress_files(model, tmp_path):
+    first, second = tmp_path / "a.npz", tmp_path / "b.npz"
+    a = evaluation.score_batches(model, BATCHES, num_samples=2, seed=1, progress_path=str(first))["log_px"]
+    b = evaluation.score_batches(model, BATCHES, num_samples=4, seed=2, progress_path=str(second))["log_px"]
+    d = evaluation.paired_difference(str(first), str(second))
+    # NLL_a - NLL_b and the standard error of the per-image differences, by hand.
+    per_image = [b_i - a_i for a_i, b_i in zip(a.tolist(), b.tolist())]
+    mean = sum(per_image) / len(per_image)
+    spread = math.sqrt(sum((v - mean) ** 2 for v in per_image) / (len(per_image) - 1))
+    assert d["num_examples"] == 9
+    assert d["nll_difference_nats"] == pytest.approx(mean)
+    assert d["stderr"] == pytest.approx(spread / 3.0)
+    assert evaluation.paired_difference(a, a)["nll_difference_nats"] == 0.0
+
+
+def test_paired_difference_refuses_unpaired_scores():
+    with pytest.raises(ValueError, match="same images"):
+        evaluation.paired_difference(np.zeros(3), np.zeros(4))
+    with pytest.raises(ValueError, match="scores_b"):
+        evaluation.paired_difference(np.zeros(2), np.array([0.0, np.nan]))
+
 class ConstantWeights(keras.Model):
     """Log-weights that depend on the image only: `log w = -sum(x)` for every sample.
 
