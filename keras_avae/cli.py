@@ -128,6 +128,13 @@ def _build_parser():
     )
     train.add_argument("--limit", type=_positive(int), help="use only the first N training images (default: all)")
     train.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
+    train.add_argument(
+        "--deterministic",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="deterministic kernels, so that the same command and --seed give the same numbers on one machine "
+        "(default: on; --no-deterministic may be faster on a GPU)",
+    )
     train.add_argument("--save-freq", default="epoch", help="'epoch' or N: checkpoint every N steps too")
     train.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a model or recipe value "
                        "(repeatable; default: the entry's values)")
@@ -308,6 +315,8 @@ def _cmd_train(args):
         save_freq=save_freq,
         verbose=args.verbose,
         data_info={"dataset": data, "limit": args.limit, "seed": args.seed},
+        seed=args.seed,
+        deterministic=args.deterministic,
         **recipe_overrides,
     )
     print(f"Trained {args.name} in {time.time() - start:.0f} s; final model in {args.output}", file=sys.stderr)
