@@ -391,3 +391,60 @@ def test_commands_print_no_backend_log_lines_unless_asked(tmp_path):
         )
         assert loud.returncode == 0, loud.stderr[-2000:]
         assert any(TF_LOG_LINE.search(line) for line in loud.stderr.splitlines()), loud.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, fragments",
+    [
+        (["--limit", "3", "--batch-size", "4"], ["`limit` too small", "limit=3", "batch_size=4"]),
+        (
+            ["--limit", "8", "--batch-size", "4", "--steps-per-epoch", "3"],
+            ["steps_per_epoch=3", "limit=8", "2 batches"],
+        ),
+        (["--batch-size", "4", "--steps-per-epoch", "5"], ["steps_per_epoch=5", "the split has 16"]),
+    ],
+)
+def test_train_with_too_little_data_fails_before_training(tmp_path, capsys, flags, fragments):
+    data = tmp_path / "mnist"
+    data.mkdir()
+    make_mnist_dir(data, n_train=16, n_test=2)
+    out = tmp_path / "run"
+    argv = ["train", "mnist-baseline-small", "--data-dir", str(data), "--output", str(out), "--verbose", "0"]
+    status, _, err = run_main(argv + flags + sets(TINY_SETS), capsys)
+    assert status == 2
+    assert_one_line_error(err, "ValueError", *fragments)
+    assert not (out / "run.json").exists() and not (out / "backup").exists()
+
+
+def test_train_folder_in_use_and_signal_stop_are_one_line(tmp_path, capsys, monkeypatch):
+    import signal
+
+    import filelock
+
+    from keras_avae import training
+
+    data = tmp_path / "mnist"
+    data.mkdir()
+    make_mnist_dir(data, n_train=16, n_test=2)
+    out = tmp_path / "run"
+    out.mkdir()
+    argv = ["train", "mnist-baseline-small", "--data-dir", str(data), "--output", str(out), "--batch-size", "4"]
+    argv += ["--steps-per-epoch", "2"]
+    argv += sets(TINY_SETS)
+    # The folder's lock held by another holder (here this process, through
+    # another descriptor; tests/test_training.py uses two processes).
+    holder = filelock.FileLock(str(out / "run.lock"), timeout=0)
+    with holder:
+        (out / "run.lock").write_text(json.dumps({"pid": 4242, "host": "node-7"}))
+        status, _, err = run_main(argv, capsys)
+    assert status == 2
+    assert_one_line_error(err, "RuntimeError", "in use by process 4242 on host node-7")
+
+    def stopped(*args, **kwargs):
+        raise training.TrainingInterrupted(signal.SIGTERM, "stopped by SIGTERM: checkpoint at epoch 1 of 2")
+
+    monkeypatch.setattr(training, "train", stopped)
+    status, _, err = run_main(argv, capsys)
+    assert status == 143
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == ["keras-avae train: stopped by SIGTERM: checkpoint at epoch 1 of 2"]

@@ -581,3 +581,177 @@ def test_sigkill_then_restart_resumes_exactly(tmp_path, helper):
     epochs_logged = [row.split(",")[0] for row in (killed / "history.csv").read_text().strip().splitlines()[1:]]
     assert epochs_logged == ["0", "1", "2"]
     assert (killed / "model.keras").is_file() and resumed["finite"]
+
+
+def history_epochs(out):
+    """The epoch column of `history.csv`, after checking it has one header."""
+    lines = (out / "history.csv").read_text().strip().splitlines()
+    assert sum(line.startswith("epoch,") for line in lines) == 1 and lines[0].startswith("epoch,"), lines
+    return [line.split(",")[0] for line in lines[1:]]
+
+
+def wait_for(path, process, timeout=500):
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert process.poll() is None, process.communicate()[0][-4000:]
+        assert time.time() < deadline, f"no {path}"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_sigkill_lock_takeover_and_refused_resume(tmp_path, helper):
+    """A killed run's lock is taken over; a resume with another batch size
+    is refused in one line naming it, and leaves run.json and history.csv."""
+    out = tmp_path / "run"
+    process = helper("train", out, 2, "--save-freq", 2, env={"KAVAE_TEST_BATCH_DELAY": "0.5"})
+    wait_for(out / "backup" / "checkpoint.json", process)
+    os.kill(process.pid, signal.SIGKILL)
+    process.communicate()
+    assert json.loads((out / "run.lock").read_text())["pid"] == process.pid  # stale, left behind
+    resumed = result_of(helper("train", out, 2))
+    assert resumed["iterations"] == 2 * 3 and json.loads((out / "run.lock").read_text())["pid"] != process.pid
+    assert history_epochs(out) == ["0", "1"]
+
+    record, history = (out / "run.json").read_bytes(), (out / "history.csv").read_bytes()
+    refused = helper("train", out, 2, "--batch", 4)
+    output, _ = refused.communicate(timeout=600)
+    assert refused.returncode == 2, output[-4000:]
+    error = next(line for line in output.splitlines() if line.startswith("ERROR "))
+    assert "batch_size: recorded 8, requested 4" in error and "steps_per_epoch: recorded 3, requested 6" in error
+    assert "recipe" not in error and "config" not in error  # the differing keys only
+    assert (out / "run.json").read_bytes() == record and (out / "history.csv").read_bytes() == history
+
+
+@pytest.mark.slow
+def test_second_train_on_a_folder_in_use_is_refused(tmp_path, helper):
+    out = tmp_path / "run"
+    first = helper("train", out, 2, "--save-freq", 2, env={"KAVAE_TEST_BATCH_DELAY": "0.3"})
+    wait_for(out / "backup" / "checkpoint.json", first)
+    second = helper("train", out, 2)
+    output, _ = second.communicate(timeout=600)
+    assert second.returncode == 2, output[-4000:]
+    error = [line for line in output.splitlines() if line.startswith("ERROR ")]
+    assert len(error) == 1 and f"in use by process {first.pid} on host" in error[0], output[-2000:]
+    assert result_of(first)["iterations"] == 2 * 3
+    assert history_epochs(out) == ["0", "1"]
+
+
+@pytest.mark.slow
+def test_sigint_and_sigterm_checkpoint_the_step_and_resume(tmp_path, helper):
+    """Ctrl-C and SIGTERM: a checkpoint of the current step, one line, status
+    130 / 143; the same command resumes and ends as an uninterrupted run."""
+    epochs, steps_per_epoch = 3, 3
+    total = epochs * steps_per_epoch
+    reference = helper("train", tmp_path / "reference", epochs, "--save-freq", 2)
+    runs = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        out = tmp_path / signum.name
+        runs[signum] = out, helper("train", out, epochs, "--save-freq", 2, env={"KAVAE_TEST_BATCH_DELAY": "1"})
+    signalled = {}
+    for signum, (out, process) in runs.items():
+        pointer = out / "backup" / "checkpoint.json"
+        wait_for(pointer, process)
+        signalled[signum] = json.loads(pointer.read_text())
+        process.send_signal(signum)
+    for signum, (out, process) in runs.items():
+        pointer, before = out / "backup" / "checkpoint.json", signalled[signum]
+        output, _ = process.communicate(timeout=600)
+        assert process.returncode == 128 + signum, output[-4000:]
+        assert "Traceback" not in output
+        stopped = [line for line in output.splitlines() if line.startswith("STOPPED ")]
+        assert len(stopped) == 1 and f"stopped by {signum.name}" in stopped[0] and "resume" in stopped[0]
+        state = json.loads(pointer.read_text())
+        done = state["epoch"] * steps_per_epoch + state["step"]
+        # The step under way when the signal came is in the checkpoint (the
+        # save_freq checkpoint would have waited for the next even step).
+        assert before["epoch"] * steps_per_epoch + before["step"] < done < total and state["iterations"] == done
+        assert f"epoch {state['epoch'] + 1} of {epochs}, step {state['step']} of {steps_per_epoch}" in stopped[0]
+        assert history_epochs(out) == [str(e) for e in range(state["epoch"])]
+        runs[signum] = out, done
+    reference = result_of(reference)
+    for signum, (out, done) in runs.items():
+        resumed = result_of(helper("train", out, epochs, "--save-freq", 2))
+        assert resumed["batches"] == total - done
+        assert resumed["iterations"] == reference["iterations"] == total
+        assert resumed["kl_weight"] == reference["kl_weight"]
+        assert resumed["learning_rate"] == pytest.approx(reference["learning_rate"])
+        assert history_epochs(out) == ["0", "1", "2"] and (out / "model.keras").is_file()
+
+
+def test_signal_handlers_are_restored_after_train(tmp_path):
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with pytest.raises(ValueError, match="steps_per_epoch=4"):
+        training.train("mnist-baseline", np.zeros((24, 8, 8, 1), "float32"), tmp_path, epochs=1, steps_per_epoch=4,
+                       batch_size=8, config_overrides=TINY)
+    stopper = training.interrupts._StopOnSignal()
+    with stopper:
+        assert signal.getsignal(signal.SIGTERM) == stopper._handle
+        signal.raise_signal(signal.SIGTERM)  # recorded, not fatal
+    assert stopper.signum == signal.SIGTERM and stopper.signal_name == "SIGTERM"
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_too_little_data_is_refused_before_training(tmp_path):
+    x = np.zeros((20, 8, 8, 1), "float32")
+    kwargs = dict(epochs=1, config_overrides=TINY, verbose=0)
+    # 20 images in batches of 8: 3 batches (the last one short).
+    with pytest.raises(ValueError, match=r"asks for 4 batches .* 20 images in batches of 8 make 3.*steps_per_epoch=4"):
+        training.train("mnist-baseline", x, tmp_path / "a", steps_per_epoch=4, batch_size=8, **kwargs)
+    import tensorflow as tf
+
+    dataset = tf.data.Dataset.from_tensor_slices(x).batch(8, drop_remainder=True)
+    with pytest.raises(ValueError, match="the dataset make 2"):
+        training.train("mnist-baseline", dataset, tmp_path / "b", steps_per_epoch=3, **kwargs)
+    assert not (tmp_path / "a" / "run.json").exists() and not (tmp_path / "b" / "run.json").exists()
+
+
+@pytest.mark.slow
+def test_resume_checks_each_setting_and_keeps_the_record(tmp_path):
+    rng = np.random.default_rng(0)
+    x = (rng.random((16, 8, 8, 1)) > 0.5).astype("float32")
+    out = tmp_path / "run"
+    kwargs = dict(config_overrides=TINY, verbose=0, jit_compile=False, num_images=0, tensorboard=False)
+    data = {"dataset": "test", "limit": None, "seed": 0}
+    training.train("mnist-baseline", x, out, epochs=1, batch_size=8, data_info=data, **kwargs)
+    record = json.loads((out / "run.json").read_text())
+    assert record["batch_size"] == 8 and record["data"] == data
+    written = (out / "run.json").stat().st_mtime_ns
+
+    def refused(fragments, **changes):
+        call = dict(epochs=1, batch_size=8, data_info=data, **kwargs)
+        call.update(changes)
+        with pytest.raises(ValueError, match="other settings") as error:
+            training.train("mnist-baseline", x, out, **call)
+        message = str(error.value)
+        assert "\n" not in message and "optimizer" not in message  # the differing keys, not the recipe
+        for fragment in fragments:
+            assert fragment in message, message
+
+    refused(["batch_size: recorded 8, requested 4", "steps_per_epoch: recorded 2, requested 4"], batch_size=4)
+    refused(["recipe.learning_rate: recorded 0.01, requested 0.002"], learning_rate=2e-3)
+    refused(["config.num_layers: recorded 2, requested 3"], config_overrides=dict(TINY, num_layers=3))
+    refused(["data.limit: recorded None, requested 8"], data_info=dict(data, limit=8))
+    # Another epoch count changes the schedule of a run under way; more
+    # epochs continue a finished one (the checkpoint holds every epoch).
+    check = training.run_folder._check_run_record
+    other = tmp_path / "other" / "run.json"
+    other.parent.mkdir()
+    other.write_text(json.dumps(dict(record, epochs=3)))
+    with pytest.raises(ValueError, match="epochs: recorded 3, requested 5"):
+        check(other, dict(record, epochs=5), finished_epochs=2)
+    with pytest.raises(ValueError, match="epochs: recorded 3, requested 2"):
+        check(other, dict(record, epochs=2), finished_epochs=3)
+    check(other, dict(record, epochs=5), finished_epochs=3)
+    training.train("mnist-baseline", x, out, epochs=1, batch_size=8, data_info=data, **kwargs)  # complete: no-op
+    assert (out / "run.json").stat().st_mtime_ns == written and history_epochs(out) == ["0"]
+
+    # A record in the format of earlier versions (no `data`, a config key
+    # this version does not know, another compile mode) resumes when the
+    # settings are the same.
+    old = {k: v for k, v in record.items() if k != "data"}
+    old["config"] = dict(old["config"], retired_option=1)
+    old["compile_mode"] = "tensorflow, tf.function graph without XLA on CPU"
+    (out / "run.json").write_text(json.dumps(old, indent=1))
+    model = training.train("mnist-baseline", x, out, epochs=2, batch_size=8, data_info=data, **kwargs)
+    assert int(numpy_of(model.optimizer.iterations)) == 4 and history_epochs(out) == ["0", "1"]
+    assert json.loads((out / "run.json").read_text())["epochs"] == 2  # what was trained

@@ -5,9 +5,12 @@ cluster, when it initialises, and a SIGKILL test needs a process to kill, so
 these runs happen in fresh interpreters:
 
     python -m tests.training_helper mirrored-step OUT.json
-    python -m tests.training_helper train OUT_DIR EPOCHS [--strategy KIND] [--save-freq N]
+    python -m tests.training_helper train OUT_DIR EPOCHS [--strategy KIND] [--save-freq N] [--batch N]
 
-Each prints one line `RESULT {json}` at the end.
+Each prints one line `RESULT {json}` at the end. A `train` run ends as the
+command line does: a refusal (`ValueError`, `RuntimeError`) is one line
+`ERROR ...` on stderr with status 2, a stop by SIGINT or SIGTERM one line
+`STOPPED ...` with status 130 or 143.
 """
 
 import argparse
@@ -176,7 +179,7 @@ def train_run(args):
         args.output_dir,
         epochs=args.epochs,
         strategy=strategy,
-        batch_size=BATCH,
+        batch_size=args.batch,
         config_overrides=dict(TINY),
         save_freq=save_freq,
         num_images=4,
@@ -209,11 +212,20 @@ def main(argv=None):
     run.add_argument("epochs", type=int)
     run.add_argument("--strategy", default=None)
     run.add_argument("--save-freq", type=int, default=None)
+    run.add_argument("--batch", type=int, default=BATCH)
     args = parser.parse_args(argv)
     if args.mode == "mirrored-step":
         mirrored_step(args.out)
-    else:
+        return 0
+    try:
         train_run(args)
+    except (ValueError, RuntimeError) as error:
+        print(f"ERROR {error}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt as stop:
+        print(f"STOPPED {stop}", file=sys.stderr, flush=True)
+        return getattr(stop, "exit_status", 130)
+    return 0
 
 
 if __name__ == "__main__":
