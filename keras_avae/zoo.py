@@ -18,6 +18,7 @@ True
 
 import copy
 import functools
+import hashlib
 import importlib
 import inspect
 import json
@@ -272,6 +273,7 @@ def load(name, /, weights="default", **overrides):
             weights = None
     if weights == "pretrained":
         weights = pretrained_path(name)
+        _check_sha256(weights, entry["weights"].get("sha256"))
         if changes:
             raise ValueError(
                 f"The pretrained weights of zoo entry {name!r} do not fit: these overrides change the "
@@ -298,3 +300,19 @@ def load(name, /, weights="default", **overrides):
 def _describe_changes(changes):
     """`num_layers=2 (entry: 4), crop=0 (entry: 2)` for messages."""
     return ", ".join(f"{key}={value!r} (entry: {current!r})" for key, (value, current) in changes.items())
+
+
+def _check_sha256(path, expected):
+    """Refuses a shipped weights file that is not the one the entry's card describes."""
+    if expected is None or not path.is_file():
+        return  # a missing file gets its own error where it is opened
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != expected:
+        raise ValueError(
+            f"The weights file {str(path)!r} is not the one the zoo entry records (sha256 "
+            f"{digest.hexdigest()}, expected {expected}): it was changed or damaged. Reinstall keras-avae. "
+            f"Received: weights={str(path)!r}"
+        )

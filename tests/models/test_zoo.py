@@ -74,6 +74,23 @@ def test_bad_weights_files_raise_clear_errors(tmp_path):
         zoo.load("mnist-baseline", weights=str(corrupt), **small)
 
 
+
+def test_a_changed_shipped_weights_file_is_refused(tmp_path, monkeypatch):
+    name = "mnist-baseline-small"
+    (tmp_path / f"{name}.json").write_text((REPO_ZOO / f"{name}.json").read_text())
+    damaged = bytearray(zoo.pretrained_path(name).read_bytes())
+    damaged[-1] ^= 0xFF  # one flipped byte: h5py may still read the file
+    (tmp_path / f"{name}.weights.h5").write_bytes(bytes(damaged))
+    monkeypatch.setattr(zoo, "_entry_dir", lambda: tmp_path)
+    zoo._entries.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=f"{name}.weights.h5.*sha256"):
+            zoo.load(name)
+        with pytest.raises(ValueError, match="sha256"):
+            zoo.load(name, weights="pretrained")
+    finally:
+        zoo._entries.cache_clear()
+
 # Published trainable parameter counts (paper Table 5; OMNIGLOT Sec. 3.1).
 PUBLISHED = [
     ("cifar10-attentive", 118.966e6, 0.02),
