@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 
+import keras_avae
 from keras_avae import datasets
 from keras_avae import training
 from tests.test_datasets import make_mnist_dir
@@ -53,14 +54,22 @@ def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path, restore_op_de
     first, first_weights = tiny_run(tmp_path / "a", seed=3)
     keras.utils.set_random_seed(123)  # whatever ran before must not matter
     again, again_weights = tiny_run(tmp_path / "b", seed=3)
-    other, other_weights = tiny_run(tmp_path / "c", seed=4)
 
     assert first == again
     assert len(first_weights) == len(again_weights)
     for a, b in zip(first_weights, again_weights):
         np.testing.assert_array_equal(a, b)
-    assert other["loss"] != first["loss"] and other["bits_per_dim"] != first["bits_per_dim"]
-    assert any(not np.array_equal(a, b) for a, b in zip(first_weights, other_weights))
+    # Another seed starts from other weights (a whole third run would only
+    # repeat that at the cost of another trace).
+    assert not np.array_equal(_initial_kernel(seed=3), _initial_kernel(seed=4))
+    np.testing.assert_array_equal(_initial_kernel(seed=3), _initial_kernel(seed=3))
+
+
+def _initial_kernel(seed):
+    """The first weight of the tiny model as `train(seed=...)` initialises it."""
+    training.reproducibility._make_reproducible(seed, deterministic=False)
+    model = keras_avae.zoo.load("mnist-baseline", weights=None, **TINY)
+    return keras.ops.convert_to_numpy(model.weights[0])
 
 
 def test_seeding_after_make_dataset_keeps_the_cli_data_order(tmp_path):
