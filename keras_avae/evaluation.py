@@ -62,10 +62,7 @@ def importance_sampled_log_likelihood(model, x, num_samples=100, chunk_size=None
     num_samples = check_positive_int(num_samples, "num_samples")
     if chunk_size is not None:
         chunk_size = check_positive_int(chunk_size, "chunk_size")
-    if hasattr(model, "image_shape") and hasattr(model, "pixel_range"):
-        x = check_images(x, model.image_shape, model.pixel_range)
-    else:
-        x = concrete_numpy(x, "x")
+    x = _checked_images(model, x, "x")
     batch = int(x.shape[0])
     max_rows = _max_rows_per_pass(model)
     if chunk_size is None:
@@ -86,6 +83,13 @@ def importance_sampled_log_likelihood(model, x, num_samples=100, chunk_size=None
         estimates.append(peak[:, 0] + np.log(np.exp(log_w - peak).sum(axis=1)) - math.log(num_samples))
     return np.concatenate(estimates)
 
+
+
+def _checked_images(model, x, name):
+    """`x` as a checked float32 NumPy batch; only made concrete for a model without image metadata."""
+    if hasattr(model, "image_shape") and hasattr(model, "pixel_range"):
+        return check_images(x, model.image_shape, model.pixel_range, name=name)
+    return concrete_numpy(x, name)
 
 # Default chunks hold at most this many image-samples: larger passes gain
 # nothing in speed on a CPU.
@@ -324,8 +328,7 @@ def score_batches(model, batches, num_samples=100, seed=0, progress_path=None, r
                     "Delete the file to start over."
                 )
             continue
-        if hasattr(model, "image_shape") and hasattr(model, "pixel_range"):
-            x = check_images(x, model.image_shape, model.pixel_range, name=f"batches[{index}]")
+        x = _checked_images(model, x, f"batches[{index}]")
         _reseed(model, seed, index)
         log_px = np.asarray(model.log_likelihood(x, num_samples=num_samples), np.float64)
         elbo = _elbo(model, x)

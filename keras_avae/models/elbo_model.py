@@ -154,7 +154,7 @@ class ELBOModel(keras.Model):
             NumPy float64 array `(B,)`, like every inference method
             (`sample`, `reconstruct`, `encode`) returns NumPy arrays.
         """
-        x = check_images(x, self.image_shape, self.pixel_range)
+        # It checks `x` (the same message) before any pass runs.
         return importance_sampled_log_likelihood(self, x, num_samples=num_samples, chunk_size=chunk_size)
 
 
