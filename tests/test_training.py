@@ -7,6 +7,7 @@ process to kill) go through `tests/training_helper.py`.
 """
 
 import importlib.util
+import csv
 import io
 import json
 import math
@@ -269,6 +270,28 @@ def test_guard_state_saves_and_loads(tmp_path):
 # ---------------------------------------------------------------------- #
 # Checkpoints
 # ---------------------------------------------------------------------- #
+
+
+def test_history_rows_and_resumed_progress_bar_count_epochs_from_one(tmp_path, capsys):
+    """`history.csv` numbers epochs as the progress bar does, with no empty
+    `val_*` columns; the bar of a resumed epoch shows the run's epoch count."""
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((4, 2), "float32"), np.ones((4, 1), "float32")
+    path = tmp_path / "history.csv"
+    logger = training.run_folder.HistoryLogger(path)
+    model.fit(x, y, epochs=2, verbose=0, callbacks=[logger])
+    path.write_text(path.read_text() + "3,0.5")  # a row cut short by a kill
+    training.run_folder._truncate_history(path, 1)  # the checkpoint holds epoch 1
+    model.fit(x, y, epochs=3, initial_epoch=1, verbose=0, callbacks=[logger])
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["epoch"] for r in rows] == ["1", "2", "3"] and set(rows[0]) == {"epoch", "loss"}
+    assert all(math.isfinite(float(r["loss"])) for r in rows)
+
+    capsys.readouterr()
+    model.fit(x, y, epochs=3, initial_epoch=2, verbose=2, callbacks=[training.callbacks._RunProgressBar(8)])
+    assert "Epoch 3/8" in capsys.readouterr().out
 
 
 def test_checkpoint_commit_is_atomic(tmp_path):
@@ -544,9 +567,11 @@ def test_two_worker_training_on_localhost(tmp_path, helper):
 
 
 def history_epochs(out):
-    """The epoch column of `history.csv`, after checking it has one header."""
+    """The epoch column of `history.csv` (from 1), after checking it has one
+    header and no `val_*` columns (these runs have no validation data)."""
     lines = (out / "history.csv").read_text().strip().splitlines()
     assert sum(line.startswith("epoch,") for line in lines) == 1 and lines[0].startswith("epoch,"), lines
+    assert not any(name.startswith("val_") for name in lines[0].split(",")), lines[0]
     return [line.split(",")[0] for line in lines[1:]]
 
 
@@ -595,7 +620,7 @@ def test_sigkill_then_restart_resumes_exactly(tmp_path, helper):
     assert resumed["iterations"] == uninterrupted["iterations"] == total
     assert resumed["kl_weight"] == uninterrupted["kl_weight"] == pytest.approx(0.1 + 0.9 * 2 / 16)
     assert resumed["learning_rate"] == pytest.approx(uninterrupted["learning_rate"])
-    assert history_epochs(killed) == ["0", "1", "2"]
+    assert history_epochs(killed) == ["1", "2", "3"]
     assert (killed / "model.keras").is_file() and resumed["finite"]
 
 
@@ -614,7 +639,7 @@ def test_second_train_on_a_folder_in_use_is_refused(tmp_path, helper):
     error = [line for line in output.splitlines() if line.startswith("ERROR ")]
     assert len(error) == 1 and f"in use by process {first.pid} on host" in error[0], output[-2000:]
     assert result_of(first)["iterations"] == 2 * 3
-    assert history_epochs(out) == ["0", "1"]
+    assert history_epochs(out) == ["1", "2"]
 
 
 @pytest.mark.slow
@@ -647,7 +672,7 @@ def test_sigint_and_sigterm_checkpoint_the_step_and_resume(tmp_path, helper):
         # save_freq checkpoint would have waited for the next even step).
         assert before["epoch"] * steps_per_epoch + before["step"] < done < total and state["iterations"] == done
         assert f"epoch {state['epoch'] + 1} of {epochs}, step {state['step']} of {steps_per_epoch}" in stopped[0]
-        assert history_epochs(out) == [str(e) for e in range(state["epoch"])]
+        assert history_epochs(out) == [str(e) for e in range(1, state["epoch"] + 1)]
         runs[signum] = out, done
     reference = result_of(reference)
     for signum, (out, done) in runs.items():
@@ -656,7 +681,7 @@ def test_sigint_and_sigterm_checkpoint_the_step_and_resume(tmp_path, helper):
         assert resumed["iterations"] == reference["iterations"] == total
         assert resumed["kl_weight"] == reference["kl_weight"]
         assert resumed["learning_rate"] == pytest.approx(reference["learning_rate"])
-        assert history_epochs(out) == ["0", "1", "2"] and (out / "model.keras").is_file()
+        assert history_epochs(out) == ["1", "2", "3"] and (out / "model.keras").is_file()
 
 
 def test_signal_handlers_are_restored_after_train(tmp_path):
@@ -724,7 +749,7 @@ def test_resume_checks_each_setting_and_keeps_the_record(tmp_path):
         check(other, dict(record, epochs=2), finished_epochs=3)
     check(other, dict(record, epochs=5), finished_epochs=3)
     training.train("mnist-baseline", x, out, epochs=1, batch_size=8, data_info=data, **kwargs)  # complete: no-op
-    assert (out / "run.json").stat().st_mtime_ns == written and history_epochs(out) == ["0"]
+    assert (out / "run.json").stat().st_mtime_ns == written and history_epochs(out) == ["1"]
 
     # A record in the format of earlier versions (no `data`, a config key
     # this version does not know, another compile mode) resumes when the
@@ -734,5 +759,5 @@ def test_resume_checks_each_setting_and_keeps_the_record(tmp_path):
     old["compile_mode"] = "tensorflow, tf.function graph without XLA on CPU"
     (out / "run.json").write_text(json.dumps(old, indent=1))
     model = training.train("mnist-baseline", x, out, epochs=2, batch_size=8, data_info=data, **kwargs)
-    assert int(numpy_of(model.optimizer.iterations)) == 4 and history_epochs(out) == ["0", "1"]
+    assert int(numpy_of(model.optimizer.iterations)) == 4 and history_epochs(out) == ["1", "2"]
     assert json.loads((out / "run.json").read_text())["epochs"] == 2  # what was trained

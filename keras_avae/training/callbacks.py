@@ -268,3 +268,18 @@ class _ResumableGumbelSchedule(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         self.schedule.on_train_batch_begin(batch, logs)
+
+
+class _RunProgressBar(keras.callbacks.ProgbarLogger):
+    """The progress bar of a resumed epoch, showing the run's epoch count.
+
+    Finishing an interrupted epoch is a `fit` of one epoch, which Keras'
+    bar would show as "Epoch 2/2" in a run of 8 epochs.
+    """
+
+    def __init__(self, epochs):
+        super().__init__()
+        self.run_epochs = epochs
+
+    def set_params(self, params):
+        super().set_params({**params, "epochs": self.run_epochs})

@@ -3,7 +3,9 @@
 `train` holds an exclusive lock on the folder while it runs (a second
 `train` on it is refused, naming the process that holds it), refuses to
 resume a folder whose `run.json` holds other settings, and truncates
-`history.csv` to the epochs the checkpoint holds.
+`history.csv` to the epochs the checkpoint holds. `HistoryLogger` writes
+that file: one row per finished epoch, numbered from 1 as the logs and the
+sample grids are.
 """
 
 import contextlib
@@ -14,6 +16,8 @@ import pathlib
 import socket
 
 import filelock
+import keras
+import numpy as np
 
 from keras_avae.training.atomic_files import _atomic_write
 
@@ -132,7 +136,7 @@ def _jsonable(value):
 
 
 def _truncate_history(path, epoch):
-    """Keeps the CSV rows of epochs before `epoch` (those the checkpoint holds).
+    """Keeps the CSV rows of the first `epoch` epochs (those the checkpoint holds).
 
     Also drops a row cut short by a kill while it was written (fewer fields
     than the header), so the next row starts on a line of its own.
@@ -151,7 +155,7 @@ def _truncate_history(path, epoch):
     def kept_row(row):
         if len(row) != len(header):
             return False
-        return column is None or (row[column] != "" and int(float(row[column])) < epoch)
+        return column is None or (row[column] != "" and int(float(row[column])) <= epoch)
 
     kept = [r for r in body if kept_row(r)]
     if len(kept) == len(body) and text.endswith("\n"):
@@ -162,3 +166,52 @@ def _truncate_history(path, epoch):
             csv.writer(f).writerows([header] + kept)
 
     _atomic_write(path, write, ".csv")
+
+
+class HistoryLogger(keras.callbacks.Callback):
+    """Appends one CSV row of epoch logs per finished epoch to `path`.
+
+    Unlike `keras.callbacks.CSVLogger`, epochs are numbered from 1 (as the
+    progress bar and `samples/epoch_NNNN.png` are) and there are no empty
+    `val_*` columns when the run has no validation data. The file is
+    opened, appended and flushed once per epoch, so a kill leaves at most
+    one partial row, which `_truncate_history` drops on resume. A resumed
+    run keeps the header already in the file.
+
+    Args:
+        path: the CSV file.
+
+    Example:
+
+    >>> logger = HistoryLogger("/tmp/run/history.csv")
+    """
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = pathlib.Path(path)
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = dict(logs or {})
+        header = self._header() or ["epoch"] + sorted(logs)
+        row = [epoch + 1] + [_csv_value(logs.get(key, "")) for key in header[1:]]
+        new_file = not self.path.exists() or self.path.stat().st_size == 0
+        with open(self.path, "a", newline="") as f:
+            writer = csv.writer(f)
+            if new_file:
+                writer.writerow(header)
+            writer.writerow(row)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _header(self):
+        if not self.path.exists():
+            return None
+        with open(self.path, newline="") as f:
+            return next(csv.reader(f), None)
+
+
+def _csv_value(value):
+    if isinstance(value, str):
+        return value
+    value = np.asarray(value)
+    return value.item() if value.ndim == 0 else value.tolist()

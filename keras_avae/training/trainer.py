@@ -22,6 +22,7 @@ from keras_avae.training.callbacks import KLWarmup
 from keras_avae.training.callbacks import NonFiniteMonitor
 from keras_avae.training.callbacks import SampleGrid
 from keras_avae.training.callbacks import _ResumableGumbelSchedule
+from keras_avae.training.callbacks import _RunProgressBar
 from keras_avae.training.checkpoints import AtomicBackupAndRestore
 from keras_avae.training.distribute import _multi_worker_log_reduction
 from keras_avae.training.distribute import is_chief
@@ -38,6 +39,7 @@ from keras_avae.training.run_folder import _jsonable
 from keras_avae.training.run_folder import _owned
 from keras_avae.training.run_folder import _read_record
 from keras_avae.training.run_folder import _recorded_feature_seed
+from keras_avae.training.run_folder import HistoryLogger
 from keras_avae.training.run_folder import _truncate_history
 
 BACKEND = keras.backend.backend()
@@ -352,7 +354,7 @@ def _make_callbacks(model, run, monitor, backup, images_from, tensorboard, num_i
 
 def _logging_callbacks(output_dir, images_from, tensorboard, num_images):
     """The chief's `history.csv`, TensorBoard logs and PNG grids of samples."""
-    logging = [keras.callbacks.CSVLogger(str(output_dir / "history.csv"), append=True)]
+    logging = [HistoryLogger(output_dir / "history.csv")]
     if tensorboard and importlib.util.find_spec("tensorboard") is None:
         warnings.warn(
             "TensorBoard logs skipped: the `tensorboard` package is not installed (pip install tensorboard).",
@@ -373,12 +375,15 @@ def _fit(model, dataset, run, strategy, backup, monitor, epoch, step, fit_kwargs
             if epoch < run.epochs and step > 0:
                 # Finish the interrupted epoch with its remaining steps.
                 backup.step_offset = step
+                resumed_kwargs = dict(fit_kwargs)
+                if fit_kwargs.get("verbose"):
+                    resumed_kwargs["callbacks"] = fit_kwargs["callbacks"] + [_RunProgressBar(run.epochs)]
                 model.fit(
                     dataset,
                     epochs=epoch + 1,
                     initial_epoch=epoch,
                     steps_per_epoch=run.steps_per_epoch - step,
-                    **fit_kwargs,
+                    **resumed_kwargs,
                 )
                 if monitor.stopped_message is None and not model.stop_training:
                     epoch, step = epoch + 1, 0
@@ -424,7 +429,7 @@ def train(
     - `NonFiniteMonitor` (skipped steps; stop after `max_nonfinite_steps`),
     - `KLWarmup` (ELBO models), the Gumbel temperature schedule for
       `mnist-gumbel`,
-    - `CSVLogger(output_dir/"history.csv", append=True)`, truncated on resume
+    - `HistoryLogger(output_dir/"history.csv")` (epochs from 1), truncated on resume
       to the epochs the checkpoint holds,
     - `TensorBoard(output_dir/"logs")`,
     - `SampleGrid(output_dir/"samples")` (a PNG per epoch),
