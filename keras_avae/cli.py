@@ -59,8 +59,8 @@ def _positive(kind):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, received {text!r}")
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, received {text!r}")
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"expected a finite positive {kind.__name__}, received {text!r}")
         return value
 
     return parse

@@ -72,6 +72,8 @@ def test_unknown_name_is_one_line_status_2(tmp_path, capsys):
         (["train", "mnist-baseline", "--data-dir", "d", "--output", "o", "--epochs", "-3"], "'-3'"),
         (["train", "mnist-baseline", "--data-dir", "d"], "--output"),
         (["sample", "mnist-baseline", "--weights", "w", "--out", "o.png", "--temperature", "zero"], "'zero'"),
+        (["sample", "mnist-baseline", "--weights", "w", "--out", "o.png", "--temperature", "inf"], "'inf'"),
+        (["evaluate", "mnist-baseline", "--weights", "w", "--data-dir", "d", "--num-samples", "nan"], "'nan'"),
         (["train", "mnist-baseline", "--data-dir", "d", "--output", "o", "--strategy", "tpu"], "'tpu'"),
         (["frobnicate"], "'frobnicate'"),
     ],
