@@ -1,26 +1,36 @@
-"""Distributed training with tf.distribute: one machine, or several workers.
+"""Distributed training: tf.distribute (TensorFlow) or keras.distribution (JAX).
 
 Mirrored (one machine): every visible GPU holds a replica; each global batch
-is split across them and the gradients are all-reduced. Without GPUs,
-`--cpu-devices 2` splits the CPU into two logical devices, so the same code
-runs (and is tested) on a laptop:
+is split across them and the gradients are all-reduced. On TensorFlow this is
+`tf.distribute.MirroredStrategy`; on JAX a `keras.distribution.DataParallel`
+(one program for the global batch, so batch-norm statistics are the global
+batch's). Without GPUs, `--cpu-devices 2` gives the CPU two devices (logical
+devices on TensorFlow, XLA host devices on JAX), so the same code runs (and
+is tested) on a laptop:
 
     python examples/distributed_training.py mirrored --data-dir ../shared/data/mnist --output runs/mirrored
-    python examples/distributed_training.py mirrored --cpu-devices 2 --quick --output /tmp/mirrored
+    KERAS_BACKEND=jax python examples/distributed_training.py mirrored --cpu-devices 2 --quick --output /tmp/m
 
-Multi-worker: each machine runs the same command with its own `TF_CONFIG`
-(the cluster's addresses and its own index); worker 0 is the chief and
-writes the checkpoints, logs and final model. `launch` starts N workers on
-this machine with the right `TF_CONFIG` each (ports on 127.0.0.1), which is
-how you try the set-up before using real machines:
+Multi-worker: each machine runs the same command; worker 0 is the chief and
+writes the checkpoints, logs and final model. TensorFlow workers read the
+cluster from `TF_CONFIG`; JAX processes from Keras' variables
+`KERAS_DISTRIBUTION_JOB_ADDRESSES` (process 0's "host:port"),
+`KERAS_DISTRIBUTION_NUM_PROCESSES` and `KERAS_DISTRIBUTION_PROCESS_ID`
+(`keras.distribution.initialize`). `launch` starts N workers on this machine
+with the right settings each (ports on 127.0.0.1), which is how you try the
+set-up before using real machines:
 
     python examples/distributed_training.py launch --workers 2 --quick --output /tmp/two-workers
     # on real machines, one per host:
     TF_CONFIG='{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", "index": 0}}' \\
         python examples/distributed_training.py multi-worker --data-dir DATA/mnist --output runs/mw
+    KERAS_BACKEND=jax KERAS_DISTRIBUTION_JOB_ADDRESSES=host1:12345 KERAS_DISTRIBUTION_NUM_PROCESSES=2 \\
+        KERAS_DISTRIBUTION_PROCESS_ID=0 python examples/distributed_training.py multi-worker --data-dir DATA/mnist \\
+        --output runs/mw
 
 A run killed at any time resumes from its last checkpoint when the same
-command is started again. TensorFlow backend only (tf.distribute).
+command is started again. TensorFlow and JAX backends (PyTorch trains on one
+device).
 """
 
 import argparse
@@ -42,17 +52,27 @@ def train(args, kind):
 
     # The strategy comes first: TensorFlow fixes its devices when it starts.
     strategy = training.make_strategy(kind, cpu_devices=args.cpu_devices)
+    import keras
     import numpy as np
 
     from keras_avae import datasets
 
     replicas = training.num_replicas(strategy)
     global_batch = args.batch_size * replicas
+    # tf.distribute shards a tf.data pipeline itself; on JAX, Keras splits
+    # each global batch over the devices (and processes).
+    data_strategy = strategy if training.BACKEND == "tensorflow" else None
     if args.quick:
         data = (np.random.default_rng(0).random((64, 8, 8, 1)) > 0.5).astype("float32")
+        if getattr(strategy, "num_processes", 1) > 1:
+            # Several JAX processes each read their share of a tf.data
+            # pipeline of global batches.
+            import tensorflow as tf
+
+            data = tf.data.Dataset.from_tensor_slices(data).batch(global_batch, drop_remainder=True)
         overrides, steps = QUICK, None
     else:
-        data = datasets.make_dataset("mnist", "train", args.data_dir, global_batch, seed=0, strategy=strategy)
+        data = datasets.make_dataset("mnist", "train", args.data_dir, global_batch, seed=0, strategy=data_strategy)
         overrides, steps = {}, args.steps_per_epoch
     model = training.train(
         args.entry,
@@ -64,9 +84,10 @@ def train(args, kind):
         batch_size=global_batch,
         config_overrides=overrides,
         verbose=2 if training.is_chief(strategy) else 0,
-        jit_compile=False if args.quick else "auto",
+        # Eager TensorFlow starts fastest for a few tiny steps; JAX compiles.
+        jit_compile=False if args.quick and training.BACKEND == "tensorflow" else "auto",
     )
-    iterations = int(model.optimizer.iterations.numpy())
+    iterations = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
     result = {
         "strategy": kind,
         "replicas": replicas,
@@ -88,14 +109,25 @@ def free_ports(count):
 
 
 def launch(args, argv):
-    """Starts `--workers` processes of this script, each with its TF_CONFIG."""
+    """Starts `--workers` processes of this script, each with its cluster settings."""
+    backend = os.environ["KERAS_BACKEND"]
+    if backend not in ("tensorflow", "jax"):
+        sys.exit(f"launch needs KERAS_BACKEND=tensorflow or jax. Received: KERAS_BACKEND={backend!r}")
     workers = [f"127.0.0.1:{port}" for port in free_ports(args.workers)]
     forwarded = [a for a in argv if a not in ("launch",)]
     forwarded = _drop_option(forwarded, "--workers")
     processes = []
     for index in range(args.workers):
-        config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        env = dict(os.environ, TF_CONFIG=json.dumps(config), KERAS_BACKEND="tensorflow")
+        if backend == "tensorflow":
+            config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+            cluster = {"TF_CONFIG": json.dumps(config)}
+        else:  # process 0 is the coordinator
+            cluster = {
+                "KERAS_DISTRIBUTION_JOB_ADDRESSES": workers[0],
+                "KERAS_DISTRIBUTION_NUM_PROCESSES": str(args.workers),
+                "KERAS_DISTRIBUTION_PROCESS_ID": str(index),
+            }
+        env = dict(os.environ, **cluster)
         command = [sys.executable, os.path.abspath(__file__), "multi-worker", *forwarded]
         processes.append(subprocess.Popen(command, env=env))
     codes = [p.wait() for p in processes]
@@ -126,7 +158,7 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--steps-per-epoch", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=16, help="per replica")
-    parser.add_argument("--cpu-devices", type=int, help="split the CPU into N logical devices (no GPU)")
+    parser.add_argument("--cpu-devices", type=int, help="give the CPU N devices (no GPU)")
     parser.add_argument("--workers", type=int, default=2, help="launch: processes to start")
     parser.add_argument("--quick", action="store_true", help="random 8x8 images and a tiny model (CI)")
     args = parser.parse_args(argv)

@@ -122,9 +122,34 @@ def _build_parser():
         "--steps-per-epoch", type=_positive(int), help="default: the recipe's, else one pass over the data"
     )
     train.add_argument("--batch-size", type=_positive(int), help="per-replica batch (default: the recipe's)")
-    train.add_argument("--strategy", choices=_STRATEGIES, default="auto", help="distribution strategy")
     train.add_argument(
-        "--cpu-devices", type=_positive(int), help="split the CPU into N logical devices (default: no split)"
+        "--strategy",
+        choices=_STRATEGIES,
+        default="auto",
+        help="distribution strategy: tf.distribute on TensorFlow, keras.distribution.DataParallel on JAX",
+    )
+    train.add_argument(
+        "--cpu-devices",
+        type=_positive(int),
+        help="N CPU devices, to train data-parallel without GPUs: TensorFlow splits the CPU into N logical "
+        "devices, JAX sets XLA's host platform device count (default: no split)",
+    )
+    train.add_argument(
+        "--coordinator-address",
+        metavar="HOST:PORT",
+        help="JAX --strategy multi-worker: process 0's address (default: KERAS_DISTRIBUTION_JOB_ADDRESSES; "
+        "TensorFlow workers read TF_CONFIG)",
+    )
+    train.add_argument(
+        "--num-processes",
+        type=_positive(int),
+        help="JAX --strategy multi-worker: number of processes (default: KERAS_DISTRIBUTION_NUM_PROCESSES)",
+    )
+    train.add_argument(
+        "--process-id",
+        type=int,
+        help="JAX --strategy multi-worker: this process's id, 0 for the chief "
+        "(default: KERAS_DISTRIBUTION_PROCESS_ID)",
     )
     train.add_argument("--limit", type=_positive(int), help="use only the first N training images (default: all)")
     train.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
@@ -276,8 +301,15 @@ def _cmd_train(args):
     _import_backend(args, tensorflow=True)
     from keras_avae import training
 
-    # The strategy first: TensorFlow must not initialise before the CPU split.
-    strategy = training.make_strategy(args.strategy, args.cpu_devices)
+    # The strategy first: TensorFlow must not initialise before the CPU
+    # split, nor JAX before its host devices or process group are set.
+    strategy = training.make_strategy(
+        args.strategy,
+        args.cpu_devices,
+        coordinator_address=args.coordinator_address,
+        num_processes=args.num_processes,
+        process_id=args.process_id,
+    )
     from keras_avae import datasets, zoo
 
     config_overrides, recipe_overrides = training.split_overrides(args.name, _parse_sets(args.set))
@@ -299,7 +331,9 @@ def _cmd_train(args):
         global_batch,
         seed=args.seed,
         limit=args.limit,
-        strategy=strategy,
+        # tf.distribute shards the pipeline itself; on JAX, Keras splits
+        # each global batch over the devices and processes.
+        strategy=strategy if training.BACKEND == "tensorflow" else None,
         repeat=steps < batches,
     )
     start = time.time()

@@ -14,7 +14,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 only_tensorflow_and_jax = pytest.mark.skipif(
-    keras.backend.backend() == "torch", reason="the zoo's VAEs run on the TensorFlow and JAX backends only"
+    keras.backend.backend() == "torch",
+    reason="the zoo's VAEs and multi-device training run on the TensorFlow and JAX backends only",
 )
 
 only_tensorflow = pytest.mark.skipif(
@@ -49,14 +50,14 @@ EXAMPLES = [
         ["mirrored", "--cpu-devices", "2", "--output", "{tmp}"],
         ['"replicas": 2', '"iterations": 4'],
         id="distributed_mirrored",
-        marks=only_tensorflow,
+        marks=only_tensorflow_and_jax,
     ),
     pytest.param(
         "distributed_training.py",
         ["launch", "--workers", "2", "--output", "{tmp}"],
         ['"strategy": "multi-worker"', '"chief": true', '"chief": false', "2 workers finished"],
         id="distributed_two_workers",
-        marks=only_tensorflow,
+        marks=only_tensorflow_and_jax,
     ),
 ]
 

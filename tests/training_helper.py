@@ -1,11 +1,14 @@
 """Subprocess entry points for tests/test_training.py.
 
 TensorFlow fixes its devices, and `MultiWorkerMirroredStrategy` its
-cluster, when it initialises, and a SIGKILL test needs a process to kill, so
-these runs happen in fresh interpreters:
+cluster, when it initialises (JAX its host device count and process group
+likewise), and a SIGKILL test needs a process to kill, so these runs happen
+in fresh interpreters:
 
     python -m tests.training_helper mirrored-step OUT.json
-    python -m tests.training_helper train OUT_DIR EPOCHS [--strategy KIND] [--save-freq N] [--batch N]
+    python -m tests.training_helper jax-data-parallel-step OUT.json
+    python -m tests.training_helper train OUT_DIR EPOCHS [--strategy KIND] [--cpu-devices N] \
+        [--save-freq N] [--batch N] [--jit] [--coordinator-address A --num-processes N --process-id I]
 
 Each prints one line `RESULT {json}` at the end. A `train` run ends as the
 command line does: a refusal (`ValueError`, `RuntimeError`) is one line
@@ -155,13 +158,114 @@ def mirrored_step(out_path):
     _result({"replicas": payload["replicas"], "losses": losses, "nan_step": nan_step})
 
 
+def jax_data_parallel_step(out_path):
+    """One step under `keras.distribution.DataParallel` on 2 host devices vs one device (JAX).
+
+    Unlike `mirrored_step`, nothing needs replacing: JAX compiles one
+    program for the global batch, so batch norm normalises with the global
+    batch's statistics, and its partitionable random numbers draw the same
+    latent noise split over two devices as on one (both models have the same
+    seed). The one-device model runs in the same process, on its first
+    device, without a distribution. As a control it then trains again from
+    the same start on the first device's half twice over: what that device
+    would learn from its own half's statistics and gradients alone (the
+    same shapes, so no second compilation).
+    """
+    from keras_avae import training
+
+    distribution = training.make_strategy("mirrored", cpu_devices=2)  # before JAX initialises
+    import keras
+    import numpy as np
+
+    recipe = training.resolve_recipe("mnist-baseline", warmup_epochs=0, min_learning_rate=None)
+    x = images()[:BATCH]
+    config = dict(TINY, seed=0)  # the same latent noise in both models
+    with distribution.scope():
+        parallel = training._build_model("mnist-baseline", distribution, config)
+        parallel.compile(optimizer=training.make_optimizer(recipe, 1, 1))
+    single = training._build_model("mnist-baseline", None, config)
+    single.set_weights(parallel.get_weights())
+    single.compile(optimizer=training.make_optimizer(recipe, 1, 1))
+    single.optimizer.build(single.trainable_variables)
+    start = [np.array(keras.ops.convert_to_numpy(v)) for v in single.variables + single.optimizer.variables]
+
+    def state(model):
+        groups = {
+            "trainable": model.trainable_variables,
+            "non_trainable": model.non_trainable_variables,
+            "optimizer": model.optimizer.variables,
+        }
+        return {
+            group: [[v.path, np.asarray(keras.ops.convert_to_numpy(v), dtype="float64").tolist()] for v in variables]
+            for group, variables in groups.items()
+        }
+
+    def one_step(model, data):
+        return model.fit(data, batch_size=BATCH, epochs=1, shuffle=False, verbose=0).history["loss"][0]
+
+    losses, states = {}, {}
+    with distribution.scope():
+        losses["parallel"] = one_step(parallel, x)
+    states["parallel"] = state(parallel)
+    losses["single"] = one_step(single, x)
+    states["single"] = state(single)
+    for variable, value in zip(single.variables + single.optimizer.variables, start):
+        variable.assign(value)
+    losses["half"] = one_step(single, np.concatenate([x[: BATCH // 2]] * 2))
+    states["half"] = state(single)
+    devices = sorted(len(v.value.sharding.device_set) for v in parallel.weights)
+
+    # A NaN in the second device's half of the batch only: the guard skips
+    # the step and the monitor undoes the batch-norm statistics, everywhere.
+    def values():
+        guard = training.find_guard(parallel.optimizer)
+        variables = [v for v in parallel.weights + parallel.optimizer.variables if v is not guard.nonfinite_steps]
+        return [np.asarray(keras.ops.convert_to_numpy(v)) for v in variables]
+
+    before = values()
+    bad = x.copy()
+    bad[BATCH - 1, 0, 0, 0] = np.nan
+    with distribution.scope():
+        parallel.fit(
+            bad, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[training.NonFiniteMonitor(verbose=False)]
+        )
+    after = values()
+    nan_step = {
+        "unchanged": all(np.array_equal(a, b) for a, b in zip(before, after)),
+        "finite": all(np.isfinite(a).all() for a in after),
+        "nonfinite_steps": int(keras.ops.convert_to_numpy(training.find_guard(parallel.optimizer).nonfinite_steps)),
+        "iterations": int(keras.ops.convert_to_numpy(parallel.optimizer.iterations)),
+    }
+    payload = {
+        "replicas": training.num_replicas(distribution),
+        "devices": [devices[0], devices[-1]],
+        "synchronized_batch_norm": parallel.synchronized_batch_norm,
+        "losses": losses,
+        "nan_step": nan_step,
+        "states": states,
+    }
+    with open(out_path, "w") as f:
+        json.dump(payload, f)
+    _result({k: payload[k] for k in ("replicas", "devices", "losses", "nan_step")})
+
+
 def train_run(args):
     """`training.train` on the tiny model, as the CLI would call it."""
     from keras_avae import training
 
-    strategy = training.make_strategy(args.strategy) if args.strategy else None
+    cluster = dict(
+        coordinator_address=args.coordinator_address, num_processes=args.num_processes, process_id=args.process_id
+    )
+    cluster = {k: v for k, v in cluster.items() if v is not None}
+    strategy = training.make_strategy(args.strategy, args.cpu_devices, **cluster) if args.strategy else None
     import keras
     import numpy as np
+
+    data = images()
+    if getattr(strategy, "num_processes", 1) > 1:  # several JAX processes read shares of tf.data batches
+        import tensorflow as tf
+
+        data = tf.data.Dataset.from_tensor_slices(data).batch(args.batch, drop_remainder=True)
 
     class CountBatches(keras.callbacks.Callback):
         batches = 0
@@ -175,7 +279,7 @@ def train_run(args):
     save_freq = "epoch" if args.save_freq is None else args.save_freq
     model = training.train(
         "mnist-baseline",
-        images(),
+        data,
         args.output_dir,
         epochs=args.epochs,
         strategy=strategy,
@@ -185,10 +289,16 @@ def train_run(args):
         num_images=4,
         callbacks=[CountBatches()],
         verbose=0,
-        jit_compile=False,
+        jit_compile="auto" if args.jit else False,
     )
     optimizer = model.optimizer
     iterations = int(keras.ops.convert_to_numpy(optimizer.iterations))
+    weights = [keras.ops.convert_to_numpy(w) for w in model.weights]
+    placement = {}
+    if training.BACKEND == "jax":
+        import jax
+
+        placement = {"devices": len(model.weights[0].value.sharding.device_set), "processes": jax.process_count()}
     _result(
         {
             "iterations": iterations,
@@ -197,7 +307,10 @@ def train_run(args):
             "learning_rate": float(training._learning_rate_at(optimizer, iterations)),
             "replicas": training.num_replicas(strategy),
             "chief": training.is_chief(strategy),
-            "finite": bool(all(np.isfinite(keras.ops.convert_to_numpy(w)).all() for w in model.weights)),
+            "finite": bool(all(np.isfinite(w).all() for w in weights)),
+            # Equal in every process of a multi-process run.
+            "weights_sum": float(sum(np.abs(w.astype("float64")).sum() for w in weights)),
+            **placement,
         }
     )
 
@@ -207,15 +320,24 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="mode", required=True)
     step = sub.add_parser("mirrored-step")
     step.add_argument("out")
+    sub.add_parser("jax-data-parallel-step").add_argument("out")
     run = sub.add_parser("train")
     run.add_argument("output_dir")
     run.add_argument("epochs", type=int)
     run.add_argument("--strategy", default=None)
     run.add_argument("--save-freq", type=int, default=None)
     run.add_argument("--batch", type=int, default=BATCH)
+    run.add_argument("--cpu-devices", type=int, default=None)
+    run.add_argument("--jit", action="store_true", help="jit_compile='auto' instead of False")
+    run.add_argument("--coordinator-address", default=None)
+    run.add_argument("--num-processes", type=int, default=None)
+    run.add_argument("--process-id", type=int, default=None)
     args = parser.parse_args(argv)
     if args.mode == "mirrored-step":
         mirrored_step(args.out)
+        return 0
+    if args.mode == "jax-data-parallel-step":
+        jax_data_parallel_step(args.out)
         return 0
     try:
         train_run(args)

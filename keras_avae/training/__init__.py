@@ -21,7 +21,10 @@ one concept per module:
   samples and reconstructions every epoch.
 - `distribute`: `make_strategy`, `tf.distribute` Mirrored /
   MultiWorkerMirrored / one device, and a split of the CPU into N logical
-  devices (TensorFlow backend).
+  devices (TensorFlow backend); on JAX it delegates to
+- `jax_distribution`: `keras.distribution.DataParallel` over the local
+  devices or several processes, and N host CPU devices (XLA's host platform
+  device count).
 - `checkpoints`: `AtomicBackupAndRestore`, `keras.callbacks.BackupAndRestore`
   made safe against a kill at any moment and exact for mid-epoch
   checkpoints (over the atomic writes of `atomic_files`).
@@ -34,9 +37,8 @@ one concept per module:
   trains a zoo entry or a model, and writes `model.keras` and
   `model.weights.h5`.
 
-Multi-device training goes through `tf.distribute` and so needs the
-TensorFlow backend; on JAX and PyTorch `train` runs on one device (Keras'
-own `keras.distribution` API can be set up by the caller on JAX).
+Multi-device training goes through `tf.distribute` on TensorFlow and
+`keras.distribution` on JAX; on PyTorch `train` runs on one device.
 
 Example:
 
@@ -71,6 +73,8 @@ from keras_avae.training.distribute import make_strategy
 from keras_avae.training.distribute import num_replicas
 from keras_avae.training.distribute import split_cpu
 from keras_avae.training.images import encode_png
+from keras_avae.training.jax_distribution import make_distribution
+from keras_avae.training.jax_distribution import set_host_device_count
 from keras_avae.training.images import image_grid
 from keras_avae.training.images import save_image_grid
 from keras_avae.training.interrupts import TrainingInterrupted

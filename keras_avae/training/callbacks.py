@@ -236,7 +236,10 @@ class SampleGrid(keras.callbacks.Callback):
             return
         model = self.model
         states = _seed_states(model)
-        saved = [np.array(ops.convert_to_numpy(v)) for v in states]
+        # Copies on the device: under a multi-process JAX distribution,
+        # assigning a host value is a collective that the chief, alone
+        # here, would wait on forever.
+        saved = [ops.copy(v) for v in states]
         try:
             if self.temperature != 1.0:
                 rows = [model.sample(self.num_samples, temperature=self.temperature)]

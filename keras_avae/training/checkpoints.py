@@ -11,6 +11,7 @@ from keras_avae.training.atomic_files import _atomic_write
 from keras_avae.training.atomic_files import _atomic_write_text
 from keras_avae.training.distribute import _model_strategy
 from keras_avae.training.distribute import is_chief
+from keras_avae.training.jax_distribution import _without_distribution
 
 
 class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
@@ -162,7 +163,8 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             model.jax_state_sync()
         self.backup_dir.mkdir(parents=True, exist_ok=True)
         name = f"ckpt-e{epoch:06d}-s{step:08d}.weights.h5"
-        _atomic_write(self.backup_dir / name, lambda tmp: model.save_weights(str(tmp)), ".weights.h5")
+        with _without_distribution():  # the chief saves alone (several JAX processes)
+            _atomic_write(self.backup_dir / name, lambda tmp: model.save_weights(str(tmp)), ".weights.h5")
         state = {
             "format": 1,
             "weights": name,

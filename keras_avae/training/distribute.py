@@ -1,10 +1,11 @@
-"""Strategies: `tf.distribute` Mirrored / MultiWorkerMirrored / one device.
+"""Strategies: `tf.distribute` on TensorFlow, `keras.distribution` on JAX.
 
-Multi-device training goes through `tf.distribute` and so needs the
-TensorFlow backend; on JAX and PyTorch `train` runs on one device (Keras'
-own `keras.distribution` API can be set up by the caller on JAX).
-`split_cpu` splits the CPU into N logical devices, so `MirroredStrategy`
-runs (and is tested) without GPUs.
+On TensorFlow, `make_strategy` gives a `tf.distribute` Mirrored /
+MultiWorkerMirrored / one-device strategy, and `split_cpu` splits the CPU
+into N logical devices, so `MirroredStrategy` runs (and is tested) without
+GPUs. On JAX it gives a `keras.distribution.DataParallel` over the local
+devices or several processes (`jax_distribution`), with N host devices for
+the same purpose. PyTorch trains on one device.
 """
 
 import contextlib
@@ -13,14 +14,18 @@ import warnings
 
 import keras
 
+from keras_avae.training.jax_distribution import _is_data_parallel
+
 BACKEND = keras.backend.backend()
 
 
 STRATEGIES = ("auto", "mirrored", "multi-worker", "one-device")
 
 
-def make_strategy(kind="auto", cpu_devices=None):
-    """A `tf.distribute` strategy (TensorFlow backend).
+def make_strategy(kind="auto", cpu_devices=None, *, coordinator_address=None, num_processes=None, process_id=None):
+    """A `tf.distribute` strategy (TensorFlow), a `keras.distribution` (JAX), or `None`.
+
+    On TensorFlow:
 
     - `"auto"`: `MultiWorkerMirroredStrategy` when `TF_CONFIG` is set, else
       `MirroredStrategy` when more than one GPU is visible (or
@@ -35,6 +40,15 @@ def make_strategy(kind="auto", cpu_devices=None):
     The global batch is the per-replica batch times
     `strategy.num_replicas_in_sync`.
 
+    On JAX the same kinds give a `keras.distribution.DataParallel` (see
+    `jax_distribution.make_distribution`): `"mirrored"` over the local
+    devices (`cpu_devices` sets XLA's host platform device count),
+    `"multi-worker"` over the devices of several processes joined by
+    `keras.distribution.initialize`, `"auto"` either when it applies; the
+    global batch is the per-replica batch times `num_replicas(strategy)`,
+    and batch-norm statistics are those of the global batch. `train` runs
+    inside its `scope()`.
+
     Args:
         kind: one of `STRATEGIES`.
         cpu_devices: `None` or int N >= 1: split the CPU into N logical
@@ -42,17 +56,26 @@ def make_strategy(kind="auto", cpu_devices=None):
             GPUs. TensorFlow fixes its devices when it initialises (at the
             first op, tensor, variable or dataset), so call this first
             thing in the program; later it raises a `RuntimeError` unless the
-            split is already in place.
+            split is already in place. On JAX: N host devices, under the
+            same rule.
+        coordinator_address: JAX `"multi-worker"` only: `"host:port"` of
+            process 0; default: `KERAS_DISTRIBUTION_JOB_ADDRESSES`.
+            (TensorFlow reads its cluster from `TF_CONFIG`.)
+        num_processes: JAX `"multi-worker"` only; default:
+            `KERAS_DISTRIBUTION_NUM_PROCESSES`.
+        process_id: JAX `"multi-worker"` only, in `[0, num_processes)`;
+            default: `KERAS_DISTRIBUTION_PROCESS_ID`.
 
     Returns:
-        A `tf.distribute.Strategy`; on the JAX and PyTorch backends `None`
-        for `"auto"` and `"one-device"`.
+        A `tf.distribute.Strategy` (TensorFlow); a
+        `keras.distribution.DataParallel` or `None` (JAX); `None` (PyTorch,
+        for `"auto"` and `"one-device"`).
 
     Raises:
-        ValueError: for an unknown `kind`, or a multi-device kind on a
-            backend other than TensorFlow.
-        RuntimeError: when the CPU split or the multi-worker strategy comes
-            after TensorFlow initialised.
+        ValueError: for an unknown `kind` or bad argument, or a multi-device
+            kind on PyTorch.
+        RuntimeError: when the CPU split or the multi-worker set-up comes
+            after the backend initialised.
 
     Example:
 
@@ -62,11 +85,23 @@ def make_strategy(kind="auto", cpu_devices=None):
         raise ValueError(f"`kind` must be one of {STRATEGIES}. Received: kind={kind!r}")
     if cpu_devices is not None and (not isinstance(cpu_devices, int) or isinstance(cpu_devices, bool) or cpu_devices < 1):
         raise ValueError(f"`cpu_devices` must be a positive int or None. Received: cpu_devices={cpu_devices!r}")
+    if BACKEND == "jax":
+        from keras_avae.training.jax_distribution import make_distribution
+
+        return make_distribution(kind, cpu_devices, coordinator_address, num_processes, process_id)
+    cluster = dict(coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id)
+    if any(value is not None for value in cluster.values()):
+        received = ", ".join(f"{k}={v!r}" for k, v in cluster.items() if v is not None)
+        raise ValueError(
+            "`coordinator_address`, `num_processes` and `process_id` set up JAX processes; on "
+            f"{BACKEND} {'workers read their cluster from TF_CONFIG' if BACKEND == 'tensorflow' else 'they do not apply'}. "
+            f"Received: {received}"
+        )
     if BACKEND != "tensorflow":
         if kind in ("mirrored", "multi-worker") or (cpu_devices or 1) > 1:
             raise ValueError(
-                "tf.distribute strategies need the TensorFlow backend (KERAS_BACKEND=tensorflow); "
-                f"on {BACKEND} use keras.distribution (e.g. DataParallel) instead. "
+                "Multi-device training needs the TensorFlow backend (tf.distribute) or the JAX backend "
+                f"(keras.distribution); {BACKEND} trains on one device. "
                 f"Received: kind={kind!r}, cpu_devices={cpu_devices!r}"
             )
         return None
@@ -139,13 +174,18 @@ def split_cpu(num_devices):
 
 
 def num_replicas(strategy=None):
-    """Replicas in sync under `strategy` (1 without one, or off TensorFlow).
+    """Replicas in sync under `strategy` (1 without one, or on PyTorch).
+
+    A `tf.distribute` strategy's `num_replicas_in_sync`; for a
+    `keras.distribution.DataParallel` (JAX) its devices, in all processes.
 
     Example:
 
     >>> num_replicas(None)
     1
     """
+    if _is_data_parallel(strategy):
+        return int(strategy.device_mesh.devices.size)
     if strategy is None or BACKEND != "tensorflow":
         return 1
     return strategy.num_replicas_in_sync
@@ -155,13 +195,18 @@ def is_chief(strategy=None):
     """Whether this process writes checkpoints, logs and images.
 
     Every process of a single-machine run; under `MultiWorkerMirroredStrategy`
-    only the chief (task `chief`, else worker 0).
+    only the chief (task `chief`, else worker 0); under a multi-process
+    `keras.distribution` (JAX) process 0.
 
     Example:
 
     >>> is_chief(None)
     True
     """
+    if _is_data_parallel(strategy):
+        import jax
+
+        return jax.process_index() == 0
     if strategy is None or BACKEND != "tensorflow":
         return True
     return bool(strategy.extended.should_checkpoint)
@@ -206,6 +251,8 @@ def _multi_worker_log_reduction(strategy):
 
 
 def _model_strategy(model):
+    if BACKEND == "jax":
+        return keras.distribution.distribution()  # set by `train` while `fit` runs
     if BACKEND != "tensorflow":
         return None
     return getattr(model, "distribute_strategy", None)

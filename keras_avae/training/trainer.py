@@ -27,6 +27,8 @@ from keras_avae.training.checkpoints import AtomicBackupAndRestore
 from keras_avae.training.distribute import _multi_worker_log_reduction
 from keras_avae.training.distribute import is_chief
 from keras_avae.training.distribute import num_replicas
+from keras_avae.training.jax_distribution import _distribution_scope
+from keras_avae.training.jax_distribution import _is_data_parallel
 from keras_avae.training.interrupts import TrainingInterrupted
 from keras_avae.training.interrupts import _StopOnSignal
 from keras_avae.training.optimizers import NonFiniteTrainingError
@@ -116,7 +118,8 @@ def _build_model(model, strategy, config_overrides, recorded_feature_seed=None):
         accepts_sync = "synchronized_batch_norm" in inspect.signature(family.__init__).parameters
         if sync is None:
             # DESIGN §6: batch-norm statistics over the global batch. Only
-            # `tf.distribute` replicas keep separate statistics.
+            # `tf.distribute` replicas keep separate statistics; JAX's
+            # DataParallel computes them over the global batch as it is.
             sync = accepts_sync and BACKEND == "tensorflow" and replicas > 1
         if sync and not accepts_sync:
             raise ValueError(
@@ -141,7 +144,14 @@ def _build_model(model, strategy, config_overrides, recorded_feature_seed=None):
         )
     if not model.built:
         model.build()
-    if replicas > 1:
+    if replicas > 1 and _is_data_parallel(strategy):
+        # A model built outside the distribution lives on one device.
+        if len(model.weights[0].value.sharding.device_set) != replicas:
+            raise ValueError(
+                "A model trained under a multi-device keras.distribution must be created inside "
+                "`distribution.scope()`; pass a zoo name or a function that builds the model instead."
+            )
+    elif replicas > 1:
         import tensorflow as tf
 
         variable = model.weights[0].value
@@ -252,11 +262,33 @@ def _resolve_run(
         batch_size = recipe["batch_size_per_replica"] * replicas
     batch_size = _positive_int("batch_size", batch_size)
     steps_per_epoch = _infer_steps_per_epoch(dataset, steps_per_epoch, batch_size)
+    if _is_data_parallel(strategy):
+        _check_data_parallel_input(dataset, batch_size, replicas, strategy)
     if chief:
         output_dir.mkdir(parents=True, exist_ok=True)
     if data_info is not None and not isinstance(data_info, dict):
         raise ValueError(f"`data_info` must be a dict or None. Received: data_info={data_info!r}")
     return _Run(output_dir, name, recipe, epochs, steps_per_epoch, batch_size, replicas, chief, data_info)
+
+
+def _check_data_parallel_input(dataset, batch_size, replicas, distribution):
+    """Refuses input that `keras.distribution.DataParallel` cannot split (JAX)."""
+    if distribution.num_processes > 1 and not hasattr(dataset, "element_spec"):
+        raise ValueError(
+            "Several processes need a tf.data.Dataset of global batches (each process reads its share; "
+            "`datasets.make_dataset` makes one). Received: dataset of type "
+            f"{type(dataset).__name__}"
+        )
+    if batch_size % replicas:
+        raise ValueError(
+            f"The global batch must split evenly over the {replicas} devices. Received: batch_size={batch_size}"
+        )
+    if isinstance(dataset, np.ndarray) and len(dataset) % batch_size % replicas:
+        raise ValueError(
+            f"The last batch of {len(dataset) % batch_size} images cannot be split over the {replicas} devices; "
+            f"use a number of images that is a multiple of {replicas}. Received: {len(dataset)} images, "
+            f"batch_size={batch_size}"
+        )
 
 
 def _run_record(run, model):
@@ -458,7 +490,8 @@ def train(
     checkpoints it and raises `TrainingInterrupted` (the same call resumes
     from there; a second signal stops at once); the handlers are installed
     in the main thread for the duration of the call only. Under
-    `MultiWorkerMirroredStrategy` only the chief writes (and locks).
+    `MultiWorkerMirroredStrategy` only the chief writes (and locks); so does
+    process 0 of a multi-process `keras.distribution` on JAX.
 
     Args:
         model: a zoo name, a `keras.Model` (created under `strategy.scope()`
@@ -469,7 +502,11 @@ def train(
         output_dir: the run directory.
         epochs: total epochs; defaults to the recipe's.
         steps_per_epoch: steps per epoch; inferred for finite inputs.
-        strategy: a `tf.distribute.Strategy` (`make_strategy`), or `None`.
+        strategy: what `make_strategy` returns: a `tf.distribute.Strategy`
+            (TensorFlow), a `keras.distribution.DataParallel` (JAX: the
+            model is built and `fit` runs in its `scope()`; each global
+            batch is split over the devices and batch-norm statistics are
+            those of the global batch), or `None`.
         validation_data: optional held-out images (dataset or array).
         validation_steps: steps of validation per epoch.
         batch_size: global batch for array inputs; defaults to the recipe's
@@ -530,26 +567,38 @@ def train(
     )
     if seed is not None:
         _make_reproducible(seed, deterministic)
+    if _is_data_parallel(strategy) and strategy.num_processes > 1 and int(dataset.cardinality()) > 0:
+        # Each process reads a rebatched shard of unknown length, which
+        # `fit` does not start again at the next epoch: repeat the whole
+        # data instead (every epoch still takes `steps_per_epoch` batches).
+        dataset = dataset.repeat()
     # The chief owns the folder (the other workers only read its checkpoint).
     with _owned(run.output_dir) if run.chief else contextlib.nullcontext(), _StopOnSignal() as stopper:
-        model, backup, record, state = _build_and_restore(model, strategy, run, config_overrides, jit_compile, save_freq)
-        epoch, step = _start(run, record, state, verbose)
+        # JAX: the model is built and trained under the keras.distribution;
+        # the final files are written outside it, by the chief alone.
+        with _distribution_scope(strategy):
+            model, backup, record, state = _build_and_restore(
+                model, strategy, run, config_overrides, jit_compile, save_freq
+            )
+            epoch, step = _start(run, record, state, verbose)
 
-        monitor = NonFiniteMonitor(run.recipe["max_nonfinite_steps"])
-        images_from = validation_data if validation_data is not None else dataset
-        run_callbacks = _make_callbacks(model, run, monitor, backup, images_from, tensorboard, num_images, callbacks)
-        fit_kwargs = dict(
-            validation_data=validation_data,
-            validation_steps=validation_steps,
-            callbacks=[stopper] + run_callbacks,
-            verbose=verbose,
-        )
-        if isinstance(dataset, np.ndarray):
-            fit_kwargs["batch_size"] = run.batch_size
-        else:
-            fit_kwargs["shuffle"] = False  # tf.data pipelines shuffle themselves (seeded)
-        if stopper.signum is None:
-            _fit(model, dataset, run, strategy, backup, monitor, epoch, step, fit_kwargs)
+            monitor = NonFiniteMonitor(run.recipe["max_nonfinite_steps"])
+            images_from = validation_data if validation_data is not None else dataset
+            run_callbacks = _make_callbacks(
+                model, run, monitor, backup, images_from, tensorboard, num_images, callbacks
+            )
+            fit_kwargs = dict(
+                validation_data=validation_data,
+                validation_steps=validation_steps,
+                callbacks=[stopper] + run_callbacks,
+                verbose=verbose,
+            )
+            if isinstance(dataset, np.ndarray):
+                fit_kwargs["batch_size"] = run.batch_size
+            else:
+                fit_kwargs["shuffle"] = False  # tf.data pipelines shuffle themselves (seeded)
+            if stopper.signum is None:
+                _fit(model, dataset, run, strategy, backup, monitor, epoch, step, fit_kwargs)
         done = _committed_epoch(backup, epoch)
         if done < run.epochs and run.chief:
             # A stop mid-epoch logged a row for the unfinished epoch.
