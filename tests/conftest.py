@@ -3,16 +3,21 @@ import shutil
 import tempfile
 
 # One persistent JAX compilation cache for the whole test session, shared
-# with the subprocesses tests start (examples, training helpers): eager JAX
-# compiles every new primitive shape, and building a zoo model meets
-# hundreds; with the cache a second process builds it in 7 s instead of 30 s
-# (measured, 2-layer omniglot-attentive). Set before JAX is imported, as JAX
-# reads these at import; a cache the user configured is left alone.
+# with the pytest-xdist workers (they inherit the environment) and the
+# subprocesses tests start (examples, training helpers): eager JAX compiles
+# every new primitive shape, and building a zoo model meets hundreds; with
+# the cache a second process builds it in 7 s instead of 30 s (measured,
+# 2-layer omniglot-attentive). Set before JAX is imported, as JAX reads these
+# at import; a cache the user configured is left alone.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _jax_cache = tempfile.mkdtemp(prefix="keras-avae-test-jax-cache-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _jax_cache
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    # A size limit makes JAX read and write the cache under a file lock;
+    # without one its writes are not atomic, and the processes running at
+    # once could read a half-written entry.
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 else:
     _jax_cache = None
 
