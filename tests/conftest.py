@@ -16,7 +16,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
     # No size limit: with one, JAX locks the cache and, at every write,
     # reads the size and access time of every entry (the JAX suite took
-    # 39.6 min instead of about 20). An entry read while another process
+    # 39.6 min on 2 processes with a limit). An entry read while another process
     # writes it fails to decompress, and JAX warns and compiles instead.
 else:
     _jax_cache = None

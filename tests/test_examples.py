@@ -28,7 +28,7 @@ EXAMPLES = [
     pytest.param(
         "custom_layers.py",
         [],
-        ["[classifier] test accuracy", "[sequence] test loss", "[subclass]", "All checks passed."],
+        ["[classifier] test accuracy", "[sequence] test loss", "[subclass]", "[performer subclass]", "All checks passed."],
         id="custom_layers",
     ),
     pytest.param(

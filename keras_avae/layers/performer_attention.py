@@ -34,23 +34,35 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
     when `None` and kept in the config), so a `.keras` round trip gives the
     same features and the same outputs.
 
-    Differences from `MultiHeadAttention`, all because FAVOR+ never forms the
-    `(T, S)` attention matrix:
+    What differs from `MultiHeadAttention`, all because FAVOR+ never forms
+    the `(T, S)` attention matrix:
 
-    - Masks: only key padding masks (`value_mask`, `key_mask`, Keras-propagated
-      masks, or an `attention_mask` of shape `(B, S)` or `(B, 1, S)`) and
-      `use_causal_mask=True` can be applied; a dense `(B, T, S)`
-      `attention_mask` raises a `ValueError`. A query mask is not applied to
-      the computation; it is propagated to the output, as in
-      `MultiHeadAttention`.
-    - `return_attention_scores=True` raises a `ValueError`.
+    - Masks: everything that does not depend on the query position is
+      applied exactly as `MultiHeadAttention` applies it: key padding
+      (`value_mask`, `key_mask`, Keras-propagated masks, or an
+      `attention_mask` in `MultiHeadAttention`'s layout with size-1 query
+      axes, such as `(B, 1, S)` or `(1, S)`), query masks (a masked query's
+      attention output is zero) and `use_causal_mask=True`. An
+      `attention_mask` that depends on the query position (a dense `(T, S)`
+      or `(B, T, S)` mask, a 2-D `(B, S)` mask with `B > 1`, which
+      `MultiHeadAttention` reads as `(T, S)`) or on the head raises a
+      `ValueError` naming its shape.
+    - `return_attention_scores=True`, `sliding_window` and
+      `flash_attention=True` raise a `ValueError`.
     - `dropout` cannot drop single attention probabilities. It drops whole
       key/value positions (independently per batch element and head) from the
       weighted sum while keeping the normaliser, scaling the kept ones by
       `1 / (1 - dropout)`: this is `MultiHeadAttention`'s attention dropout
       with one mask shared by all queries. It has the same expectation.
-    - Inputs must be sequences `(B, T, dim)`: only the default
-      `attention_axes` and no `sliding_window` are supported.
+
+    `attention_axes` works as in `MultiHeadAttention`, e.g. `(1, 2)` for
+    images `(B, H, W, C)`: the attention axes are flattened into one
+    sequence (row-major; causal masking follows that order) and the other
+    axes join the batch, so the cost stays linear in the number of positions.
+
+    Subclasses can override `_compute_favor_attention`, which receives the
+    projected and flattened query, key and value with the key mask and the
+    causal flag (the counterpart of `MultiHeadAttention._compute_attention`).
 
     Args:
         num_heads: positive int, number of attention heads.
@@ -62,10 +74,12 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         use_bias: bool, whether the projections have biases.
         output_shape: output size besides batch and sequence; `None` projects
             back to the query's last dimension.
-        attention_axes: `None` (or `1`/`(1,)`, the sequence axis): the only
-            supported value.
+        attention_axes: int or tuple of the axes attention runs over; `None`
+            means every axis but the batch and the last, as in
+            `MultiHeadAttention`.
         sliding_window: must be `None`; accepted so that a
             `MultiHeadAttention` config can be passed as is.
+        flash_attention: must be `None` or `False` (likewise).
         kernel_initializer: initializer of the projection kernels.
         bias_initializer: initializer of the projection biases.
         kernel_regularizer: regularizer of the projection kernels.
@@ -96,14 +110,18 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        query: query tensor of shape `(B, T, dim)`.
-        value: value tensor of shape `(B, S, dim)`.
-        key: optional key tensor of shape `(B, S, dim)`; defaults to `value`.
-        query_mask: optional `(B, T)` mask, propagated to the output.
+        query: query tensor of shape `(B, T, dim)` (or `(B, ..., dim)` with
+            several axes, see `attention_axes`).
+        value: value tensor of shape `(B, S, dim)` (likewise).
+        key: optional key tensor shaped like `value` but for its last axis;
+            defaults to `value`.
+        query_mask: optional `(B, T)` mask of valid queries (by default the
+            query's Keras mask); masked queries get zeros before the output
+            projection. Propagated to the output.
         value_mask: optional `(B, S)` boolean mask of valid keys.
         key_mask: optional `(B, S)` boolean mask of valid keys.
-        attention_mask: optional boolean mask of valid keys, shape `(B, S)`
-            or `(B, 1, S)`.
+        attention_mask: optional boolean mask in `MultiHeadAttention`'s
+            layout whose query axes have size 1, e.g. `(B, 1, S)`; see above.
         return_attention_scores: must be `False`.
         training: bool, training mode (dropout and feature redraw).
         use_causal_mask: bool; query `t` attends only to keys `s <= t`
@@ -111,8 +129,9 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
             linear time.
 
     Returns:
-        The attention output, shape `(B, T, E)` with `E` the query's last
-        dimension or `output_shape`, in the layer's compute dtype.
+        The attention output, shaped like the query but for its last axis,
+        which is the query's last dimension or `output_shape`, in the
+        layer's compute dtype.
 
     Example:
 
@@ -121,6 +140,13 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
     >>> layer = PerformerAttention(num_heads=2, key_dim=4, seed=0)
     >>> tuple(layer(x, x, use_causal_mask=True).shape)
     (2, 16, 8)
+
+    Attention over both axes of images, in linear time in H x W:
+
+    >>> images = np.random.normal(size=(2, 4, 4, 8)).astype("float32")
+    >>> layer = PerformerAttention(num_heads=2, key_dim=4, attention_axes=(1, 2), seed=0)
+    >>> tuple(layer(images, images).shape)
+    (2, 4, 4, 8)
 
     Swapping in FAVOR+ for a (trained) `MultiHeadAttention`, with its
     constructor arguments and its weights:
@@ -143,6 +169,7 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         output_shape=None,
         attention_axes=None,
         sliding_window=None,
+        flash_attention=None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         kernel_regularizer=None,
@@ -183,11 +210,10 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
                 "PerformerAttention does not support `sliding_window`: FAVOR+ cannot apply a banded "
                 f"mask in linear time. Received: sliding_window={sliding_window}"
             )
-        axes = (attention_axes,) if isinstance(attention_axes, int) else attention_axes
-        if axes is not None and (not isinstance(axes, (list, tuple)) or len(axes) != 1 or axes[0] not in (1, -2)):
+        if flash_attention:
             raise ValueError(
-                "PerformerAttention only attends over the sequence axis of `(B, T, dim)` inputs: "
-                f"`attention_axes` must be None or 1. Received: attention_axes={attention_axes}"
+                "PerformerAttention computes FAVOR+ attention, not MultiHeadAttention's exact fused kernel: "
+                f"`flash_attention` must be None or False. Received: flash_attention={flash_attention}"
             )
         if seed is not None and (not _is_int(seed) or seed < 0):
             raise ValueError(f"`seed` must be a non-negative integer or None. Received: seed={seed}")
@@ -199,12 +225,13 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
             num_heads=num_heads,
             key_dim=key_dim,
             value_dim=value_dim,
-            dropout=dropout,
+            # Set below: MultiHeadAttention refuses dropout whenever flash
+            # attention is enabled globally, which does not concern FAVOR+.
+            dropout=0.0,
             use_bias=use_bias,
             output_shape=output_shape,
             attention_axes=attention_axes,
             sliding_window=None,
-            # Never True: it would only make MultiHeadAttention reject dropout.
             flash_attention=False,
             kernel_initializer=kernel_initializer,
             bias_initializer=bias_initializer,
@@ -217,27 +244,30 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
             seed=seed,
             **kwargs,
         )
+        self._dropout = dropout
+        self._flash_attention = False
         self.num_random_features = num_random_features
         self.kernel = kernel
         self.feature_redraw = feature_redraw
         self.orthogonal_scaling = orthogonal_scaling
         self.eps = eps
-        self.seed_generator = keras.random.SeedGenerator(seed)
+        # Only what is random at call time has a seed generator (and its
+        # state variable): feature redraws here, dropout in MultiHeadAttention's
+        # dropout layer. `seed + 1` keeps the two streams apart.
+        self.features_seed_generator = None
+        if feature_redraw == "training":
+            self.features_seed_generator = keras.random.SeedGenerator(seed + 1)
 
     def build(self, query_shape, value_shape, key_shape=None):
-        for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
-            if shape is not None and len(shape) != 3:
-                raise ValueError(
-                    f"PerformerAttention expects `{name}` of shape (batch, sequence, features); "
-                    f"flatten other axes into the sequence first. Received: {name}_shape={tuple(shape)}"
-                )
         super().build(query_shape, value_shape, key_shape)
-
-    def _build_attention(self, rank):
-        # FAVOR+ needs neither MultiHeadAttention's softmax, its attention
-        # einsum equations nor its probability dropout layer (dropout here
-        # uses `self.seed_generator`), and keeps `attention_axes` as given.
-        pass
+        rank = len(query_shape)
+        axes = self._attention_axes  # made non-negative by `_build_attention`
+        if len(set(axes)) != len(axes) or not all(1 <= axis <= rank - 2 for axis in axes):
+            raise ValueError(
+                f"`attention_axes` must be distinct axes of the query between 1 and {rank - 2} (batch and "
+                f"feature axes excluded). Received: attention_axes={self._attention_axes}, "
+                f"query_shape={tuple(query_shape)}"
+            )
 
     def call(
         self,
@@ -252,15 +282,9 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         training=None,
         use_causal_mask=False,
     ):
-        attention_mask = self._check_call_arguments(attention_mask, return_attention_scores)
+        self._check_call_arguments(query, value, attention_mask, return_attention_scores)
         if key is None:
             key = value
-        padding_mask = None
-        for mask in (value_mask, key_mask, attention_mask):
-            if mask is not None:
-                mask = ops.cast(mask, "bool")
-                padding_mask = mask if padding_mask is None else ops.logical_and(padding_mask, mask)
-
         query, key, value = (_without_keras_mask(t) for t in (query, key, value))
         if self._use_gate:
             gate = self._gate_dense(query)
@@ -268,8 +292,53 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         key = self._key_dense(key)
         value = self._value_dense(value)
 
-        if training and self.feature_redraw == "training":
-            features_seed = self.seed_generator
+        # Attention runs over one flattened sequence axis; the other axes
+        # join the batch. Masks follow the same layout.
+        layout = self._layout(len(query.shape))
+        query_shape, key_shape = ops.shape(query), ops.shape(key)
+        query, key, value = (layout.to_sequences(t) for t in (query, key, value))
+        key_padding = None
+        for mask in (value_mask, key_mask, self._key_padding(attention_mask, layout, key_shape)):
+            if mask is not None:
+                mask = layout.mask_to_sequences(ops.cast(mask, "bool"))
+                key_padding = mask if key_padding is None else ops.logical_and(key_padding, mask)
+        if query_mask is not None:
+            query_mask = layout.mask_to_sequences(ops.cast(query_mask, "bool"))
+
+        output = self._compute_favor_attention(
+            query, key, value, key_mask=key_padding, use_causal_mask=use_causal_mask, training=training
+        )
+        output = _zero_masked_queries(output, query_mask)
+        output = layout.from_sequences(output, query_shape)
+        if self._use_gate:
+            output = output * gate
+        return self._output_dense(output)
+
+    def _compute_favor_attention(self, query, key, value, key_mask=None, use_causal_mask=False, training=None):
+        """FAVOR+ attention of projected sequences; the step a subclass may override.
+
+        The counterpart of `MultiHeadAttention._compute_attention` (which
+        this layer does not call): `call` projects the inputs, flattens the
+        attention axes into one sequence axis (the other axes join the
+        batch), gathers the key masks into `key_mask`, calls this method,
+        and then handles rows that have no valid key (as
+        `MultiHeadAttention` does: uniform weights over all keys), the gate
+        and the output projection.
+
+        Args:
+            query: `(B, T, num_heads, key_dim)` projected queries.
+            key: `(B, S, num_heads, key_dim)` projected keys.
+            value: `(B, S, num_heads, value_dim)` projected values.
+            key_mask: `None` or a `(B, S)` boolean tensor, `True` for valid
+                keys.
+            use_causal_mask: bool; query `t` attends only to keys `s <= t`.
+            training: bool, training mode (dropout and feature redraw).
+
+        Returns:
+            `(B, T, num_heads, value_dim)` attention output.
+        """
+        if training and self.features_seed_generator is not None:
+            features_seed = self.features_seed_generator
         else:
             features_seed = self.seed
         features = orthogonal_random_features(
@@ -279,41 +348,68 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
             # Dropping value rows = dropping those keys' terms from every
             # query's weighted sum, with the normaliser left intact.
             value = keras.random.dropout(
-                value, self._dropout, noise_shape=(None, None, None, 1), seed=self.seed_generator
+                value, self._dropout, noise_shape=(None, None, None, 1), seed=self._dropout_layer.seed_generator
             )
-        output = favor_attention(
-            query,
-            key,
-            value,
-            features,
-            kernel=self.kernel,
-            causal=use_causal_mask,
-            key_mask=padding_mask,
-            eps=self.eps,
+        return favor_attention(
+            query, key, value, features, kernel=self.kernel, causal=use_causal_mask, key_mask=key_mask, eps=self.eps
         )
-        if self._use_gate:
-            output = output * gate
-        return self._output_dense(output)
 
-    def _check_call_arguments(self, attention_mask, return_attention_scores):
-        """Raises for what FAVOR+ cannot do; returns the attention mask as (B, S) or None."""
+    def _check_call_arguments(self, query, value, attention_mask, return_attention_scores):
         if return_attention_scores:
             raise ValueError(
                 "PerformerAttention cannot return attention scores: FAVOR+ never forms the attention "
                 "matrix. Received: return_attention_scores=True"
             )
+        if attention_mask is not None:
+            self._key_padding(attention_mask, self._layout(len(query.shape) + 1))
+
+    def _layout(self, projected_rank):
+        axes = self._attention_axes
+        if axes is None:  # not built yet: MultiHeadAttention's default
+            axes = tuple(range(1, projected_rank - 2))
+        return _SequenceLayout(projected_rank, axes)
+
+    def _key_padding(self, attention_mask, layout, key_shape=None):
+        """`attention_mask` as a key padding mask shaped like the key's positions, or a `ValueError`.
+
+        `MultiHeadAttention` reads a mask of rank `r` as `(..., T..., S...)`:
+        its last `2 * A` axes are the query's and the key's attention axes,
+        and its leading axes broadcast against `(batch axes..., num_heads)`
+        from the left. FAVOR+ can apply it only when it does not depend on
+        the query position (every query axis of size 1) nor on the head.
+        With `key_shape`, the mask is broadcast to the key's positions.
+        """
         if attention_mask is None:
             return None
         shape = tuple(attention_mask.shape)
-        if len(shape) == 2:
-            return attention_mask
-        if len(shape) == 3 and shape[1] == 1:
-            return ops.squeeze(attention_mask, axis=1)
-        raise ValueError(
-            "PerformerAttention cannot apply a dense (B, T, S) `attention_mask` in linear time. Pass a key "
-            "padding mask of shape (B, S) (as `attention_mask`, `value_mask` or via Keras masking) and/or "
-            f"`use_causal_mask=True`. Received: attention_mask.shape={shape}"
-        )
+        num_axes = layout.num_attention_axes
+        lead = len(shape) - 2 * num_axes
+        query_axes = shape[max(lead, 0) : max(lead, 0) + num_axes]
+        if lead < 0 or lead > layout.num_batch_axes + 1 or any(size != 1 for size in query_axes):
+            raise ValueError(
+                "PerformerAttention cannot apply an `attention_mask` that depends on the query position in "
+                "linear time. `attention_mask` has MultiHeadAttention's layout (..., T..., S...); pass a key "
+                f"padding mask with size-1 query axes, e.g. (B, 1, S) for (B, T, dim) inputs, `value_mask`, or "
+                f"Keras masks, and/or `use_causal_mask=True`. Received: attention_mask.shape={shape}"
+            )
+        if lead == layout.num_batch_axes + 1 and shape[lead - 1] != 1:
+            raise ValueError(
+                "PerformerAttention applies one key padding mask to all heads; the `attention_mask` axis "
+                f"of the heads must have size 1. Received: attention_mask.shape={shape}"
+            )
+        if key_shape is None:
+            return None
+        mask = ops.cast(attention_mask, "bool")
+        mask = ops.reshape(mask, shape[:lead] + shape[lead + num_axes :])  # drop the query axes
+        if lead == layout.num_batch_axes + 1:
+            mask = ops.squeeze(mask, axis=lead - 1)
+            lead -= 1
+        for _ in range(layout.num_batch_axes - lead):
+            mask = ops.expand_dims(mask, lead)
+        # Broadcast to the key's positions in its original axis order.
+        positions = layout.positions_in_sequence_order(key_shape)
+        mask = ops.broadcast_to(mask, positions)
+        return layout.mask_from_sequence_order(mask)
 
     def compute_output_spec(
         self,
@@ -328,7 +424,7 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         training=None,
         use_causal_mask=False,
     ):
-        self._check_call_arguments(attention_mask, return_attention_scores)
+        self._check_call_arguments(query, value, attention_mask, return_attention_scores)
         return super().compute_output_spec(query, value, key)
 
     def get_config(self):
@@ -343,6 +439,79 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
             }
         )
         return config
+
+
+class _SequenceLayout:
+    """Moves the attention axes of projected tensors into one sequence axis.
+
+    A projected tensor `(B, d_1, ..., d_k, N, H)` is transposed to
+    `(B, free..., attention..., N, H)` (the free axes are the `d_i` that are
+    not attention axes) and reshaped to `(B * prod(free), prod(attention),
+    N, H)`; `from_sequences` undoes it. Causal masking follows the
+    row-major order of the attention axes. Masks `(B, d_1, ..., d_k)` move
+    the same way.
+    """
+
+    def __init__(self, rank, attention_axes):
+        self.rank = rank  # of the projected tensors
+        self.attention = tuple(attention_axes)
+        self.free = tuple(axis for axis in range(1, rank - 2) if axis not in self.attention)
+        self.order = (0, *self.free, *self.attention)
+        self.num_attention_axes = len(self.attention)
+        self.num_batch_axes = 1 + len(self.free)
+        # (B, T, N, H) with T the attention axis: nothing to move.
+        self.identity = not self.free and len(self.attention) == 1
+
+    def to_sequences(self, x):
+        if self.identity:
+            return x
+        shape = ops.shape(x)
+        x = ops.transpose(x, self.order + (self.rank - 2, self.rank - 1))
+        return ops.reshape(x, (-1, _product(shape[a] for a in self.attention), shape[-2], shape[-1]))
+
+    def from_sequences(self, x, query_shape):
+        """`(B', T, N, H)` back to the query's layout `(B, d_1, ..., d_k, N, H)`."""
+        if self.identity:
+            return x
+        x = ops.reshape(x, tuple(query_shape[a] for a in self.order) + tuple(ops.shape(x)[-2:]))
+        inverse = [self.order.index(a) for a in range(self.rank - 2)]
+        return ops.transpose(x, inverse + [self.rank - 2, self.rank - 1])
+
+    def positions_in_sequence_order(self, projected_shape):
+        """The shape `(B, free..., attention...)` of positions of a projected tensor."""
+        return tuple(projected_shape[a] for a in self.order)
+
+    def mask_from_sequence_order(self, mask):
+        """A mask in `(B, free..., attention...)` order back to `(B, d_1, ..., d_k)`."""
+        inverse = [self.order.index(a) for a in range(self.rank - 2)]
+        return mask if inverse == list(range(self.rank - 2)) else ops.transpose(mask, inverse)
+
+    def mask_to_sequences(self, mask):
+        """A `(B, d_1, ..., d_k)` mask to `(B', L)`."""
+        if len(mask.shape) != self.rank - 2:
+            raise ValueError(
+                f"A mask of the positions must have rank {self.rank - 2} (the input's without its last "
+                f"axis). Received: mask.shape={tuple(mask.shape)}"
+            )
+        if self.identity:
+            return mask
+        shape = ops.shape(mask)
+        mask = ops.transpose(mask, self.order)
+        return ops.reshape(mask, (-1, _product(shape[a] for a in self.attention)))
+
+
+def _zero_masked_queries(output, query_mask):
+    """Zeros for masked queries, as `MultiHeadAttention` gives them (its softmax zeroes masked rows)."""
+    if query_mask is None:
+        return output
+    return ops.where(query_mask[:, :, None, None], output, ops.zeros_like(output))
+
+
+def _product(sizes):
+    total = 1
+    for size in sizes:
+        total = total * size
+    return total
 
 
 def _without_keras_mask(x):

@@ -1,6 +1,7 @@
 """PerformerAttention against MultiHeadAttention, NumPy FAVOR+ and key dropping."""
 
 import doctest
+import re
 
 import keras
 import numpy as np
@@ -162,8 +163,8 @@ class TestPerformerAttention(TestCase):
         for kwargs in (
             {"value_mask": mask},
             {"key": garbage, "key_mask": mask, "value_mask": mask},
-            {"attention_mask": mask},
-            {"attention_mask": mask[:, None, :].astype("int32")},
+            {"attention_mask": mask[:, None, :]},  # MultiHeadAttention's (B, T, S) with T = 1
+            {"attention_mask": mask[:, None, None, :].astype("int32")},  # (B, heads, T, S), heads = 1
         ):
             actual = performer(query, garbage, **kwargs)
             self.assertAllClose(actual, expected, atol=1e-5, rtol=1e-5, msg=str(list(kwargs)))
@@ -185,15 +186,209 @@ class TestPerformerAttention(TestCase):
     def test_unsupported_masks_and_scores_raise(self):
         x = sequences(0)
         performer = PerformerAttention(num_heads=2, key_dim=4, num_random_features=16, seed=0)
-        with pytest.raises(ValueError, match=r"dense \(B, T, S\) `attention_mask`"):
-            performer(x, x, attention_mask=np.ones((2, 6, 6), bool))
+        query_dependent = r"depends on the query position.*Received: attention_mask.shape="
+        for shape in ((2, 6, 6), (6, 6), (1, 6, 6), (2, 1, 6, 6)):
+            with pytest.raises(ValueError, match=query_dependent + re.escape(str(shape))):
+                performer(x, x, attention_mask=np.ones(shape, bool))
+        # MultiHeadAttention reads a 2-D mask as (T, S). With as many batch
+        # elements as queries, a causal (T, T) mask used to pass for a
+        # (B, S) padding mask and gave another result without an error.
+        square = sequences(0, batch=6)
+        with pytest.raises(ValueError, match=query_dependent + re.escape("(6, 6)")):
+            performer(square, square, attention_mask=np.tril(np.ones((6, 6), bool)))
+        with pytest.raises(ValueError, match=r"heads must have size 1. Received: attention_mask.shape=\(2, 2, 1, 6\)"):
+            performer(x, x, attention_mask=np.ones((2, 2, 1, 6), bool))
         with pytest.raises(ValueError, match="return_attention_scores=True"):
             performer(x, x, return_attention_scores=True)
         symbolic = keras.Input((6, 8))
-        with pytest.raises(ValueError, match="attention_mask"):
+        with pytest.raises(ValueError, match=query_dependent):
             performer(symbolic, symbolic, attention_mask=keras.Input((6, 6), dtype="bool"))
         with pytest.raises(ValueError, match="causal=True"):
             performer(x, sequences(1, length=7), use_causal_mask=True)
+
+    def test_masks_give_multi_head_attention_results(self):
+        """Query and key masks as MultiHeadAttention applies them, checked where both must agree exactly.
+
+        A masked query, and a query without any valid key, get zero
+        attention (MultiHeadAttention's softmax zeroes fully masked rows), so
+        both layers output the output projection's bias there; the other
+        rows are the layer's own key-padded FAVOR+ result.
+        """
+        tokens = np.array([[3, 1, 4, 0, 0, 0], [5, 9, 2, 6, 5, 3]])
+        values = np.array([[2, 7, 1, 8, 0], [0, 0, 0, 0, 0]])  # the second has no valid key
+        query_embedding = keras.layers.Embedding(10, 8, mask_zero=True)
+        value_embedding = keras.layers.Embedding(10, 8, mask_zero=True)
+        query, value = query_embedding(tokens), value_embedding(values)
+        mha, performer = built_pair(x=to_numpy(query).astype("float32"))
+        mha_out, out = to_numpy(mha(query, value)), to_numpy(performer(query, value))
+        query_valid, value_valid = tokens != 0, values != 0
+        empty = ~query_valid | ~value_valid.any(axis=1, keepdims=True)
+        bias = to_numpy(performer.output_dense.bias)
+        np.testing.assert_allclose(out[empty], np.broadcast_to(bias, out[empty].shape), atol=1e-6)
+        np.testing.assert_allclose(out[empty], mha_out[empty], atol=1e-6)
+        plain = [to_numpy(t).astype("float32") for t in (query, value)]
+        padded = to_numpy(performer(plain[0], plain[1], value_mask=value_valid))
+        np.testing.assert_allclose(out[~empty], padded[~empty], atol=1e-6)
+        # Causal: the first query sees only key 0, which is padding here.
+        causal_mask = np.array([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], bool)
+        causal = to_numpy(performer(plain[0], plain[0], value_mask=causal_mask, use_causal_mask=True))
+        np.testing.assert_allclose(causal[0, 0], bias, atol=1e-6)
+        exact = to_numpy(mha(plain[0], plain[0], value_mask=causal_mask, use_causal_mask=True))
+        np.testing.assert_allclose(exact[0, 0], bias, atol=1e-6)
+
+    @pytest.mark.parametrize("causal", [False, True])
+    def test_attention_axes_flatten_into_one_sequence(self, causal):
+        """Multi-axis attention equals the same layer on the flattened positions, exactly."""
+        images = sequences(15, batch=2 * 3 * 4).reshape(2, 3, 4, 6, 8)[..., 0, :]  # (2, 3, 4, 8)
+        flat = PerformerAttention(num_heads=2, key_dim=4, num_random_features=16, seed=2)
+        expected = to_numpy(flat(images.reshape(2, 12, 8), images.reshape(2, 12, 8), use_causal_mask=causal))
+        for axes in ((1, 2), (-3, -2)):
+            layer = PerformerAttention(num_heads=2, key_dim=4, num_random_features=16, seed=2, attention_axes=axes)
+            layer(images, images)
+            layer.set_weights(flat.get_weights())
+            actual = layer(images, images, use_causal_mask=causal)
+            self.assertAllClose(actual, expected.reshape(2, 3, 4, 8), atol=1e-6, msg=str(axes))
+            # The weights have MultiHeadAttention's layout for these inputs too.
+            mha = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, attention_axes=axes)
+            mha(images, images)
+            assert [tuple(w.shape) for w in mha.weights] == [tuple(w.shape) for w in layer.weights]
+        # One attention axis, the other one a batch axis: each row on its own.
+        rows = PerformerAttention(num_heads=2, key_dim=4, num_random_features=16, seed=2, attention_axes=2)
+        rows(images, images)
+        rows.set_weights(flat.get_weights())
+        per_row = flat(images.reshape(6, 4, 8), images.reshape(6, 4, 8), use_causal_mask=causal)
+        self.assertAllClose(rows(images, images, use_causal_mask=causal), to_numpy(per_row).reshape(2, 3, 4, 8))
+        # Key padding over both axes, in MultiHeadAttention's (B, 1, 1, H, W) layout and as value_mask.
+        valid = np.ones((2, 3, 4), bool)
+        valid[0, 2, 1:] = False
+        layer = PerformerAttention(num_heads=2, key_dim=4, num_random_features=16, seed=2, attention_axes=(1, 2))
+        layer(images, images)
+        layer.set_weights(flat.get_weights())
+        masked = flat(images.reshape(2, 12, 8), images.reshape(2, 12, 8), value_mask=valid.reshape(2, 12))
+        for kwargs in ({"value_mask": valid}, {"attention_mask": valid[:, None, None]}):
+            self.assertAllClose(layer(images, images, **kwargs), to_numpy(masked).reshape(2, 3, 4, 8), atol=1e-6)
+        with pytest.raises(ValueError, match="depends on the query position"):
+            layer(images, images, attention_mask=np.ones((2, 3, 1, 3, 4), bool))
+
+    @pytest.mark.parametrize(
+        "query_shape, value_shape, key_shape, output_shape",
+        [
+            ((7, 4, 2, 3, 8), (7, 1, 1, 5, 8), (7, 1, 1, 5, 2), None),
+            ((7, 4, 2, 3, 8), (7, 4, 2, 3, 7), None, (3, 2)),
+            ((7, 4, 8), (7, 2, 8), (7, 2, 3), 5),
+        ],
+    )
+    def test_compute_output_shape(self, query_shape, value_shape, key_shape, output_shape):
+        layer = PerformerAttention(num_heads=2, key_dim=2, output_shape=output_shape, num_random_features=8)
+        key = None if key_shape is None else np.ones(key_shape, "float32")
+        output = layer(np.ones(query_shape, "float32"), np.ones(value_shape, "float32"), key)
+        assert tuple(output.shape) == layer.compute_output_shape(query_shape, value_shape, key_shape)
+        symbolic = layer(keras.Input(batch_shape=query_shape), keras.Input(batch_shape=value_shape))
+        if key_shape is None:
+            assert tuple(symbolic.shape) == tuple(output.shape)
+
+    def test_shape_and_axes_errors(self):
+        layer = PerformerAttention(num_heads=2, key_dim=2)
+        with pytest.raises(ValueError, match="must be equal"):
+            layer(np.ones((2, 4, 8)), np.ones((2, 2, 8)), np.ones((2, 3, 8)))
+        with pytest.raises(ValueError, match=r"attention_axes=\(3,\), query_shape=\(2, 4, 8\)"):
+            PerformerAttention(num_heads=2, key_dim=2, attention_axes=3).build((2, 4, 8), (2, 4, 8))
+
+    def test_seed_generators_only_for_what_is_random(self):
+        def seed_states(layer):
+            return [v for v in layer.non_trainable_variables if "seed_generator_state" in v.path]
+
+        x = sequences(0)
+        for kwargs, count in (
+            ({}, 0),
+            ({"dropout": 0.1}, 1),
+            ({"feature_redraw": "training"}, 1),
+            ({"dropout": 0.1, "feature_redraw": "training"}, 2),
+        ):
+            layer = PerformerAttention(num_heads=2, key_dim=4, num_random_features=8, **kwargs)
+            layer(x, x)
+            assert len(seed_states(layer)) == count, kwargs
+            assert len(layer.non_trainable_weights) == 0, kwargs
+
+    def test_flash_attention_is_refused_and_does_not_block_dropout(self):
+        with pytest.raises(ValueError, match="flash_attention=True"):
+            PerformerAttention(num_heads=2, key_dim=4, flash_attention=True)
+        previous = keras.config.is_flash_attention_enabled()
+        keras.config.enable_flash_attention()
+        try:  # MultiHeadAttention then refuses dropout; FAVOR+ has no flash kernel to protect
+            layer = PerformerAttention(num_heads=2, key_dim=4, dropout=0.1, seed=0)
+        finally:
+            if not previous:
+                keras.config.disable_flash_attention()
+        x = sequences(0)
+        assert tuple(layer(x, x, training=True).shape) == (2, 6, 8)
+
+    @pytest.mark.skipif(keras.backend.backend() == "numpy", reason="needs a trainable backend")
+    def test_lora_fine_tuning(self, tmp_path):
+        x = {"query": sequences(1, length=2, dim=2), "key": sequences(2, length=2, dim=2)}
+        x["value"] = sequences(3, length=2, dim=2)
+        y = sequences(4, length=2, dim=2)
+
+        def model(lora):
+            inputs = {name: keras.Input((2, 2), name=name) for name in ("query", "key", "value")}
+            layer = PerformerAttention(num_heads=3, key_dim=8, use_bias=False, use_gate=True, seed=4)
+            outputs = layer(inputs["query"], inputs["value"], inputs["key"])
+            if lora:
+                for dense in (layer.query_dense, layer.key_dense, layer.value_dense):
+                    dense.enable_lora(2)
+            return keras.Model(inputs, outputs), layer
+
+        tuned, layer = model(lora=True)
+        assert len(layer.trainable_variables) == 8 and len(layer.non_trainable_variables) == 3
+        frozen = to_numpy(layer.query_dense.kernel)
+        tuned.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        tuned.fit(x, y, epochs=2, verbose=0)
+        self.assertAllClose(layer.query_dense.kernel, frozen, atol=0, rtol=0)  # only the low-rank factors train
+        assert np.abs(to_numpy(layer.query_dense.lora_kernel_b)).max() > 0
+        predicted = tuned.predict(x, verbose=0)
+        tuned.save(tmp_path / "lora.keras")
+        self.assertAllClose(keras.saving.load_model(tmp_path / "lora.keras").predict(x, verbose=0), predicted)
+        tuned.save_weights(tmp_path / "lora.weights.h5")
+        plain, _ = model(lora=False)
+        plain.load_weights(tmp_path / "lora.weights.h5")  # the low-rank update is merged into the kernels
+        self.assertAllClose(plain.predict(x, verbose=0), predicted, atol=1e-5)
+
+    def test_subclass_overrides_one_step(self):
+        seen = {}
+
+        class Recording(PerformerAttention):
+            def _compute_favor_attention(self, query, key, value, key_mask=None, use_causal_mask=False, training=None):
+                seen.update(
+                    shapes=[tuple(t.shape) for t in (query, key, value)],
+                    key_mask=None if key_mask is None else tuple(key_mask.shape),
+                    causal=use_causal_mask,
+                )
+                return 0.0 * super()._compute_favor_attention(query, key, value, key_mask, use_causal_mask, training)
+
+        images = sequences(5, batch=2 * 3 * 4).reshape(2, 3, 4, 6, 8)[..., 0, :]
+        layer = Recording(num_heads=2, key_dim=4, value_dim=3, attention_axes=(1, 2), num_random_features=8)
+        out = layer(images, images, value_mask=np.ones((2, 3, 4), bool), use_causal_mask=True)
+        assert seen == {"shapes": [(2, 12, 2, 4), (2, 12, 2, 4), (2, 12, 2, 3)], "key_mask": (2, 12), "causal": True}
+        bias = to_numpy(layer.output_dense.bias)
+        self.assertAllClose(out, np.broadcast_to(bias, (2, 3, 4, 8)))  # the override's zeros reached the output
+
+    @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+    def test_long_causal_sequences_in_mixed_precision(self, policy):
+        # Causal FAVOR+ sums prefix sums of exponentials over the sequence;
+        # in float16 they overflow after a few thousand positions in other
+        # implementations. Here the features and sums stay in float32.
+        x = sequences(16, batch=1, length=4096, dim=16)
+        reference = PerformerAttention(num_heads=2, key_dim=8, num_random_features=32, seed=0)
+        expected = to_numpy(reference(x, x, use_causal_mask=True))
+        mixed = PerformerAttention(num_heads=2, key_dim=8, num_random_features=32, seed=0, dtype=policy)
+        mixed(x, x)
+        mixed.set_weights(reference.get_weights())
+        actual = mixed(x, x, use_causal_mask=True)
+        assert keras.backend.standardize_dtype(actual.dtype) == policy.split("_")[1]
+        actual = to_numpy(actual)
+        assert np.all(np.isfinite(actual))
+        error = np.linalg.norm(actual - expected) / np.linalg.norm(expected)
+        assert error < (0.01 if policy == "mixed_float16" else 0.05), error
 
     def test_feature_redraw(self):
         x = sequences(7)
@@ -295,8 +490,9 @@ class TestPerformerAttention(TestCase):
             ({"orthogonal_scaling": "unit"}, "orthogonal_scaling='unit'"),
             ({"eps": -1.0}, "eps=-1.0"),
             ({"dropout": 1.0}, "dropout=1.0"),
-            ({"attention_axes": (2,)}, r"attention_axes=\(2,\)"),
+            ({"attention_axes": "time"}, "attention_axes=time"),
             ({"sliding_window": 3}, "sliding_window=3"),
+            ({"flash_attention": True}, "flash_attention=True"),
             ({"seed": "0"}, "seed=0"),
             ({"num_heads": 0}, "num_heads=0"),
         ],
@@ -304,11 +500,6 @@ class TestPerformerAttention(TestCase):
     def test_bad_arguments(self, kwargs, message):
         with pytest.raises(ValueError, match=message):
             PerformerAttention(**{"num_heads": 2, "key_dim": 4, **kwargs})
-
-    def test_non_sequence_inputs_raise(self):
-        layer = PerformerAttention(num_heads=2, key_dim=4)
-        with pytest.raises(ValueError, match="query_shape"):
-            layer.build((2, 4, 4, 8), (2, 4, 4, 8))
 
 
 def test_docstring_examples():
