@@ -5,6 +5,8 @@ import random
 import keras
 from keras import ops
 
+from keras_avae.layers.attention_layout import SequenceLayout
+from keras_avae.layers.attention_layout import fill_rows_without_keys
 from keras_avae.ops.favor import favor_attention
 from keras_avae.ops.favor import orthogonal_random_features
 
@@ -41,8 +43,10 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
       applied exactly as `MultiHeadAttention` applies it: key padding
       (`value_mask`, `key_mask`, Keras-propagated masks, or an
       `attention_mask` in `MultiHeadAttention`'s layout with size-1 query
-      axes, such as `(B, 1, S)` or `(1, S)`), query masks (a masked query's
-      attention output is zero) and `use_causal_mask=True`. An
+      axes, such as `(B, 1, S)` or `(1, S)`), query masks and
+      `use_causal_mask=True`. A masked query, or one without any valid key,
+      gets what `MultiHeadAttention` gives it: the mean of all values
+      (uniform weights), or zeros when `dropout > 0`. An
       `attention_mask` that depends on the query position (a dense `(T, S)`
       or `(B, T, S)` mask, a 2-D `(B, S)` mask with `B > 1`, which
       `MultiHeadAttention` reads as `(T, S)`) or on the head raises a
@@ -116,8 +120,8 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         key: optional key tensor shaped like `value` but for its last axis;
             defaults to `value`.
         query_mask: optional `(B, T)` mask of valid queries (by default the
-            query's Keras mask); masked queries get zeros before the output
-            projection. Propagated to the output.
+            query's Keras mask); see above for what masked queries get.
+            Propagated to the output.
         value_mask: optional `(B, S)` boolean mask of valid keys.
         key_mask: optional `(B, S)` boolean mask of valid keys.
         attention_mask: optional boolean mask in `MultiHeadAttention`'s
@@ -298,7 +302,7 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         query_shape, key_shape = ops.shape(query), ops.shape(key)
         query, key, value = (layout.to_sequences(t) for t in (query, key, value))
         key_padding = None
-        for mask in (value_mask, key_mask, self._key_padding(attention_mask, layout, key_shape)):
+        for mask in (value_mask, key_mask, layout.key_padding(attention_mask, key_shape)):
             if mask is not None:
                 mask = layout.mask_to_sequences(ops.cast(mask, "bool"))
                 key_padding = mask if key_padding is None else ops.logical_and(key_padding, mask)
@@ -308,7 +312,11 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         output = self._compute_favor_attention(
             query, key, value, key_mask=key_padding, use_causal_mask=use_causal_mask, training=training
         )
-        output = _zero_masked_queries(output, query_mask)
+        # MultiHeadAttention's default path (no dropout) gives uniform
+        # weights where its dropout path gives zeros; follow the one it takes.
+        output = fill_rows_without_keys(
+            output, value, query_mask, key_padding, use_causal_mask, uniform=self._dropout == 0
+        )
         output = layout.from_sequences(output, query_shape)
         if self._use_gate:
             output = output * gate
@@ -321,9 +329,9 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         this layer does not call): `call` projects the inputs, flattens the
         attention axes into one sequence axis (the other axes join the
         batch), gathers the key masks into `key_mask`, calls this method,
-        and then handles rows that have no valid key (as
-        `MultiHeadAttention` does: uniform weights over all keys), the gate
-        and the output projection.
+        then gives masked queries and queries without a valid key what
+        `MultiHeadAttention` gives them (see the class docstring), and
+        applies the gate and the output projection.
 
         Args:
             query: `(B, T, num_heads, key_dim)` projected queries.
@@ -361,55 +369,13 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
                 "matrix. Received: return_attention_scores=True"
             )
         if attention_mask is not None:
-            self._key_padding(attention_mask, self._layout(len(query.shape) + 1))
+            self._layout(len(query.shape) + 1).key_padding(attention_mask)
 
     def _layout(self, projected_rank):
         axes = self._attention_axes
         if axes is None:  # not built yet: MultiHeadAttention's default
             axes = tuple(range(1, projected_rank - 2))
-        return _SequenceLayout(projected_rank, axes)
-
-    def _key_padding(self, attention_mask, layout, key_shape=None):
-        """`attention_mask` as a key padding mask shaped like the key's positions, or a `ValueError`.
-
-        `MultiHeadAttention` reads a mask of rank `r` as `(..., T..., S...)`:
-        its last `2 * A` axes are the query's and the key's attention axes,
-        and its leading axes broadcast against `(batch axes..., num_heads)`
-        from the left. FAVOR+ can apply it only when it does not depend on
-        the query position (every query axis of size 1) nor on the head.
-        With `key_shape`, the mask is broadcast to the key's positions.
-        """
-        if attention_mask is None:
-            return None
-        shape = tuple(attention_mask.shape)
-        num_axes = layout.num_attention_axes
-        lead = len(shape) - 2 * num_axes
-        query_axes = shape[max(lead, 0) : max(lead, 0) + num_axes]
-        if lead < 0 or lead > layout.num_batch_axes + 1 or any(size != 1 for size in query_axes):
-            raise ValueError(
-                "PerformerAttention cannot apply an `attention_mask` that depends on the query position in "
-                "linear time. `attention_mask` has MultiHeadAttention's layout (..., T..., S...); pass a key "
-                f"padding mask with size-1 query axes, e.g. (B, 1, S) for (B, T, dim) inputs, `value_mask`, or "
-                f"Keras masks, and/or `use_causal_mask=True`. Received: attention_mask.shape={shape}"
-            )
-        if lead == layout.num_batch_axes + 1 and shape[lead - 1] != 1:
-            raise ValueError(
-                "PerformerAttention applies one key padding mask to all heads; the `attention_mask` axis "
-                f"of the heads must have size 1. Received: attention_mask.shape={shape}"
-            )
-        if key_shape is None:
-            return None
-        mask = ops.cast(attention_mask, "bool")
-        mask = ops.reshape(mask, shape[:lead] + shape[lead + num_axes :])  # drop the query axes
-        if lead == layout.num_batch_axes + 1:
-            mask = ops.squeeze(mask, axis=lead - 1)
-            lead -= 1
-        for _ in range(layout.num_batch_axes - lead):
-            mask = ops.expand_dims(mask, lead)
-        # Broadcast to the key's positions in its original axis order.
-        positions = layout.positions_in_sequence_order(key_shape)
-        mask = ops.broadcast_to(mask, positions)
-        return layout.mask_from_sequence_order(mask)
+        return SequenceLayout(projected_rank, axes)
 
     def compute_output_spec(
         self,
@@ -439,79 +405,6 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
             }
         )
         return config
-
-
-class _SequenceLayout:
-    """Moves the attention axes of projected tensors into one sequence axis.
-
-    A projected tensor `(B, d_1, ..., d_k, N, H)` is transposed to
-    `(B, free..., attention..., N, H)` (the free axes are the `d_i` that are
-    not attention axes) and reshaped to `(B * prod(free), prod(attention),
-    N, H)`; `from_sequences` undoes it. Causal masking follows the
-    row-major order of the attention axes. Masks `(B, d_1, ..., d_k)` move
-    the same way.
-    """
-
-    def __init__(self, rank, attention_axes):
-        self.rank = rank  # of the projected tensors
-        self.attention = tuple(attention_axes)
-        self.free = tuple(axis for axis in range(1, rank - 2) if axis not in self.attention)
-        self.order = (0, *self.free, *self.attention)
-        self.num_attention_axes = len(self.attention)
-        self.num_batch_axes = 1 + len(self.free)
-        # (B, T, N, H) with T the attention axis: nothing to move.
-        self.identity = not self.free and len(self.attention) == 1
-
-    def to_sequences(self, x):
-        if self.identity:
-            return x
-        shape = ops.shape(x)
-        x = ops.transpose(x, self.order + (self.rank - 2, self.rank - 1))
-        return ops.reshape(x, (-1, _product(shape[a] for a in self.attention), shape[-2], shape[-1]))
-
-    def from_sequences(self, x, query_shape):
-        """`(B', T, N, H)` back to the query's layout `(B, d_1, ..., d_k, N, H)`."""
-        if self.identity:
-            return x
-        x = ops.reshape(x, tuple(query_shape[a] for a in self.order) + tuple(ops.shape(x)[-2:]))
-        inverse = [self.order.index(a) for a in range(self.rank - 2)]
-        return ops.transpose(x, inverse + [self.rank - 2, self.rank - 1])
-
-    def positions_in_sequence_order(self, projected_shape):
-        """The shape `(B, free..., attention...)` of positions of a projected tensor."""
-        return tuple(projected_shape[a] for a in self.order)
-
-    def mask_from_sequence_order(self, mask):
-        """A mask in `(B, free..., attention...)` order back to `(B, d_1, ..., d_k)`."""
-        inverse = [self.order.index(a) for a in range(self.rank - 2)]
-        return mask if inverse == list(range(self.rank - 2)) else ops.transpose(mask, inverse)
-
-    def mask_to_sequences(self, mask):
-        """A `(B, d_1, ..., d_k)` mask to `(B', L)`."""
-        if len(mask.shape) != self.rank - 2:
-            raise ValueError(
-                f"A mask of the positions must have rank {self.rank - 2} (the input's without its last "
-                f"axis). Received: mask.shape={tuple(mask.shape)}"
-            )
-        if self.identity:
-            return mask
-        shape = ops.shape(mask)
-        mask = ops.transpose(mask, self.order)
-        return ops.reshape(mask, (-1, _product(shape[a] for a in self.attention)))
-
-
-def _zero_masked_queries(output, query_mask):
-    """Zeros for masked queries, as `MultiHeadAttention` gives them (its softmax zeroes masked rows)."""
-    if query_mask is None:
-        return output
-    return ops.where(query_mask[:, :, None, None], output, ops.zeros_like(output))
-
-
-def _product(sizes):
-    total = 1
-    for size in sizes:
-        total = total * size
-    return total
 
 
 def _without_keras_mask(x):
