@@ -5,10 +5,10 @@ import math
 import keras
 from keras import ops
 
-# Keras exposes no public way to declare a tree node. Registering the
-# distribution lets a symbolic layer call return it: Keras flattens a layer's
-# outputs to find the KerasTensors it tracks, here the parameters.
-from keras.src.tree import register_tree_node_class
+# Registering the distribution as a tree node lets a symbolic layer call
+# return it: Keras flattens a layer's outputs to find the KerasTensors it
+# tracks, here the parameters.
+from keras_avae.keras_compat import register_tree_node_class
 
 # PixelCNN++ floors log-scales so that 1 / scale stays finite.
 _LOG_SCALE_MIN = -7.0

@@ -17,6 +17,7 @@ from keras import ops
 from keras_avae.training.distribute import _model_strategy
 from keras_avae.training.distribute import is_chief
 from keras_avae.training.images import save_image_grid
+from keras_avae.keras_compat import unsynced_jax_state
 from keras_avae.training.optimizers import find_guard
 
 
@@ -26,8 +27,8 @@ def _read_optimizer_variable(model, variable):
     The JAX trainer keeps the state outside the variables (and purges them)
     between syncs; read it from there rather than forcing a sync.
     """
-    state = getattr(model, "_jax_state", None)
-    if state and not getattr(model, "_jax_state_synced", True) and state.get("optimizer_variables"):
+    state = unsynced_jax_state(model)
+    if state and state.get("optimizer_variables"):
         index = next(i for i, v in enumerate(model.optimizer.variables) if v is variable)
         return np.asarray(state["optimizer_variables"][index])
     return np.asarray(ops.convert_to_numpy(variable))
@@ -103,8 +104,8 @@ class NonFiniteMonitor(keras.callbacks.Callback):
         self._epoch = epoch
 
     def _forward_state(self):
-        state = getattr(self.model, "_jax_state", None)
-        if state and not getattr(self.model, "_jax_state_synced", True):
+        state = unsynced_jax_state(self.model)
+        if state:
             return [state[group][i] for group, i in self._jax_index]
         return [ops.copy(ops.convert_to_tensor(v)) for v in self._variables]
 

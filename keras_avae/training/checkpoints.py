@@ -7,6 +7,7 @@ import time
 import keras
 from keras import ops
 
+from keras_avae.keras_compat import set_initial_epoch
 from keras_avae.training.atomic_files import _atomic_write
 from keras_avae.training.atomic_files import _atomic_write_text
 from keras_avae.training.distribute import _model_strategy
@@ -120,7 +121,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         if not self._restored:
             state = self.restore()
             if state is not None:
-                self.model._initial_epoch = state["epoch"]
+                set_initial_epoch(self.model, state["epoch"])
         self._since_save = 0
 
     # --- writing -------------------------------------------------------- #

@@ -14,6 +14,7 @@ import warnings
 
 import keras
 
+from keras_avae.keras_compat import multi_worker_scalar_log_reduction
 from keras_avae.training.jax_distribution import _is_data_parallel
 
 BACKEND = keras.backend.backend()
@@ -234,20 +235,8 @@ def _multi_worker_log_reduction(strategy):
     if not _is_multi_worker(strategy):
         yield
         return
-    from keras.src.backend.tensorflow import trainer as tf_trainer
-
-    original = tf_trainer.reduce_per_replica
-
-    def reduce_per_replica(values, strategy, reduction):
-        if reduction == "auto" and tf_trainer._collective_all_reduce_multi_worker(strategy):
-            return keras.tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
-        return original(values, strategy, reduction)
-
-    tf_trainer.reduce_per_replica = reduce_per_replica
-    try:
+    with multi_worker_scalar_log_reduction():
         yield
-    finally:
-        tf_trainer.reduce_per_replica = original
 
 
 def _model_strategy(model):

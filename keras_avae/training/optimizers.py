@@ -9,8 +9,8 @@ in a checkpointed variable. `NonFiniteMonitor` (in `callbacks`) completes it.
 
 import keras
 from keras import ops
-from keras.src.utils import tracking  # noqa: the decorator Keras' own optimizer wrappers use
 
+from keras_avae.keras_compat import no_automatic_dependency_tracking
 from keras_avae.training.schedules import make_schedule
 
 BACKEND = keras.backend.backend()
@@ -109,7 +109,7 @@ class NonFiniteGuard(keras.optimizers.Optimizer):
         super().__init__(learning_rate=0.0, name=name or "nonfinite_guard")
         self.inner_optimizer = inner_optimizer
 
-    @tracking.no_automatic_dependency_tracking
+    @no_automatic_dependency_tracking
     def build(self, var_list):
         self.nonfinite_steps = self.add_variable(
             shape=(),

@@ -16,6 +16,7 @@ import keras
 import numpy as np
 
 from keras_avae import zoo
+from keras_avae.keras_compat import set_initial_epoch
 from keras_avae.training.atomic_files import _atomic_write
 from keras_avae.training.atomic_files import _atomic_write_text
 from keras_avae.training.callbacks import KLWarmup
@@ -424,7 +425,7 @@ def _fit(model, dataset, run, strategy, backup, monitor, epoch, step, fit_kwargs
                     dataset, epochs=run.epochs, initial_epoch=epoch, steps_per_epoch=run.steps_per_epoch, **fit_kwargs
                 )
     finally:
-        model._initial_epoch = None
+        set_initial_epoch(model, None)
 
 
 def train(

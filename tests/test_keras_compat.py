@@ -1,0 +1,135 @@
+"""The private Keras APIs of `keras_avae.keras_compat` still exist and work as it assumes.
+
+Each test names the Keras internal it relies on, so a Keras release that
+changes one fails here, by name.
+"""
+
+import inspect
+
+import keras
+import numpy as np
+import pytest
+
+from keras_avae import keras_compat
+
+BACKEND = keras.backend.backend()
+
+
+def tiny_model():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+
+def test_the_installed_keras_is_the_tested_one():
+    assert keras.__version__ == keras_compat.TESTED_KERAS_VERSION, (
+        f"keras {keras.__version__} is installed; keras_compat was checked with "
+        f"{keras_compat.TESTED_KERAS_VERSION}: run this file and update the version"
+    )
+
+
+def test_register_tree_node_class_makes_keras_tree_see_the_leaves():
+    @keras_compat.register_tree_node_class
+    class Pair:
+        def __init__(self, a, b):
+            self.a, self.b = a, b
+
+        def tree_flatten(self):
+            return (self.a, self.b), None
+
+        @classmethod
+        def tree_unflatten(cls, aux, children):
+            return cls(*children)
+
+        # The protocol of the torch backend's tree implementation.
+        def torchtree_flatten(self):
+            return [self.a, self.b], None
+
+        @classmethod
+        def torchtree_unflatten(cls, children, aux):
+            return cls(*children)
+
+        def torchtree_flatten_with_keys(self):
+            from torch.utils import _pytree
+
+            return [(_pytree.SequenceKey(i), v) for i, v in enumerate((self.a, self.b))], None
+
+    leaves = keras.tree.flatten(Pair(1, [2, 3]))
+    assert leaves == [1, 2, 3]
+    doubled = keras.tree.map_structure(lambda x: 2 * x, Pair(1, 2))
+    assert isinstance(doubled, Pair) and (doubled.a, doubled.b) == (2, 4)
+
+
+def test_set_initial_epoch_moves_the_start_of_fit():
+    class StartAtTwo(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            keras_compat.set_initial_epoch(self.model, 2)
+
+    epochs = []
+
+    class Record(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            epochs.append(epoch)
+
+    model = tiny_model()
+    x, y = np.ones((4, 3), "float32"), np.ones((4, 1), "float32")
+    model.fit(x, y, epochs=4, verbose=0, callbacks=[StartAtTwo(), Record()])
+    assert epochs == [2, 3]
+    # Keras' own BackupAndRestore uses the same attribute.
+    assert "_initial_epoch" in inspect.getsource(keras.callbacks.BackupAndRestore)
+    keras_compat.set_initial_epoch(model, None)
+    epochs.clear()
+    model.fit(x, y, epochs=2, verbose=0, callbacks=[Record()])
+    assert epochs == [0, 1]
+
+
+def test_unsynced_jax_state_holds_the_current_values_inside_an_epoch():
+    seen = {}
+
+    class Inspect(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            # `self._model`: on JAX, the `model` property syncs the state first.
+            state = keras_compat.unsynced_jax_state(self._model)
+            if BACKEND != "jax":
+                seen["state"] = state
+                return
+            seen["keys"] = set(state)
+            seen["iterations"] = [
+                int(np.asarray(v))
+                for v, var in zip(state["optimizer_variables"], self._model.optimizer.variables)
+                if var is self._model.optimizer.iterations
+            ]
+
+    model = tiny_model()
+    model.fit(np.ones((8, 3), "float32"), np.ones((8, 1), "float32"), batch_size=4, verbose=0, callbacks=[Inspect()])
+    if BACKEND != "jax":
+        assert seen["state"] is None
+        return
+    assert {"trainable_variables", "non_trainable_variables", "optimizer_variables"} <= seen["keys"]
+    assert seen["iterations"] == [2]  # the second batch's state, not yet in the variables
+    assert keras_compat.unsynced_jax_state(model) is None  # synced at the end of fit
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute")
+def test_multi_worker_log_reduction_patches_the_function_keras_calls():
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    original = tf_trainer.reduce_per_replica
+    assert callable(tf_trainer._collective_all_reduce_multi_worker)
+    # Keras calls it by its module-level name, so replacing that name takes effect.
+    assert inspect.getsource(tf_trainer).count("= reduce_per_replica(") >= 2
+    with keras_compat.multi_worker_scalar_log_reduction():
+        assert tf_trainer.reduce_per_replica is not original
+    assert tf_trainer.reduce_per_replica is original
+
+
+def test_no_automatic_dependency_tracking_is_what_loss_scale_optimizer_uses():
+    source = inspect.getsource(keras.optimizers.LossScaleOptimizer.build)
+    assert "no_automatic_dependency_tracking" in source
+    from keras_avae.training import NonFiniteGuard
+
+    guard = NonFiniteGuard(keras.optimizers.SGD(0.1))
+    variables = [keras.Variable(np.zeros(2, "float32"))]
+    guard.build(variables)
+    # The inner optimizer's variables appear once, through `variables`.
+    assert len(guard.variables) == len({id(v) for v in guard.variables})
