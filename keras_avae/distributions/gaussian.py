@@ -1,6 +1,6 @@
 """Diagonal Gaussian latents: the bounded parameterisation, sampling, KL.
 
-One place for the latent-variable equations of DESIGN.md §3: the soft bounds
+One place for the latent-variable equations of the paper: the soft bounds
 on the mean and log-scale, `sigma = exp(log_sigma) + 0.01`, reparameterised
 sampling, the log-density and the analytic KL, each summed over H, W, C.
 On TensorFlow and JAX the density and KL come from TFP's `Normal`; on torch
@@ -62,7 +62,7 @@ class DiagonalGaussian:
 
     @classmethod
     def from_raw(cls, raw_loc, raw_log_scale, log_scale_bounds=(-5.0, 5.0)):
-        """The bounded parameterisation of DESIGN §3.
+        """The bounded parameterisation of the latent Gaussians.
 
         `loc = 5 tanh(raw_loc / 10)`, `scale = exp(bound(raw_log_scale)) + 0.01`.
         """

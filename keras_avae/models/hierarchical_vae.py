@@ -137,7 +137,7 @@ class HierarchicalVAE(ELBOModel):
         posterior_log_scale_bounds: `(low, high)` for the posterior's.
         log_scale_noise: std of Gaussian noise added to the raw log sigmas
             during training (CIFAR-10: 0.001); 0 disables.
-        l2: L2 factor on every weight (DESIGN §5: 1.5e-4); 0 disables.
+        l2: L2 factor on every weight (the paper's recipe: 1.5e-4); 0 disables.
         bn_momentum: batch-norm momentum. Defaults to `0.9`.
         bn_epsilon: batch-norm epsilon. Defaults to `1e-5`.
         synchronized_batch_norm: synchronise batch-norm statistics across

@@ -1,6 +1,6 @@
 """Training: schedules, the non-finite guard, strategies, checkpoints, `train`.
 
-Everything the `keras-avae train` command does, as a library (DESIGN §5-6),
+Everything the `keras-avae train` command does, as a library,
 one concept per module:
 
 - `recipes`: `REFERENCE_RECIPE`, `resolve_recipe`, `split_overrides`.

@@ -1,4 +1,4 @@
-"""The recipe's optimizer and `NonFiniteGuard`, which skips non-finite steps (DESIGN §6).
+"""The recipe's optimizer and `NonFiniteGuard`, which skips non-finite steps.
 
 `make_optimizer` builds Adamax (or Adam) on `make_schedule`'s schedule,
 with optional global gradient clipping, wrapped in `NonFiniteGuard`: an
@@ -63,7 +63,7 @@ def make_optimizer(recipe, steps_per_epoch, epochs=None, guard=True):
 class NonFiniteGuard(keras.optimizers.Optimizer):
     """Skips optimizer steps whose gradients are not all finite, and counts them.
 
-    NVAE-style models fail most often by a NaN or Inf loss (DESIGN §6). This
+    NVAE-style models fail most often by a NaN or Inf loss. This
     wrapper checks `all(isfinite(g))` over every gradient before the inner
     optimizer runs: a bad step changes neither the weights nor the inner
     optimizer's state (moments, iteration count, hence the learning-rate

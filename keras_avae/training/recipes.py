@@ -1,4 +1,4 @@
-"""The training recipe: DESIGN §5's values, a zoo entry's, and overrides.
+"""The training recipe: the paper's values, a zoo entry's, and overrides.
 
 `resolve_recipe` gives the dict every other part of training reads
 (`make_optimizer`, `KLWarmup`, `train`); `split_overrides` routes the CLI's
@@ -10,7 +10,7 @@ import numpy as np
 from keras_avae import zoo
 
 
-#: DESIGN §5, used when `train` gets a model object rather than a zoo name.
+#: The paper's recipe, used when `train` gets a model object rather than a zoo name.
 REFERENCE_RECIPE = {
     "optimizer": "adamax",
     "learning_rate": 1e-2,
@@ -49,7 +49,7 @@ _NEUTRAL_RECIPE = {
 
 
 def resolve_recipe(name=None, **overrides):
-    """The training recipe of zoo entry `name` (or DESIGN §5) with overrides.
+    """The training recipe of zoo entry `name` (or the paper's) with overrides.
 
     Args:
         name: a zoo entry name, or `None` for `REFERENCE_RECIPE`.

@@ -1,4 +1,4 @@
-"""The learning-rate schedule: linear warm-up, then cosine decay (DESIGN §5)."""
+"""The learning-rate schedule: linear warm-up, then cosine decay (the paper's recipe)."""
 
 import math
 
@@ -13,7 +13,7 @@ from keras_avae.training.recipes import _positive_int
 class WarmupCosineDecay(keras.optimizers.schedules.LearningRateSchedule):
     """Linear warm-up, then cosine decay to a floor, with one optional restart.
 
-    The schedule of DESIGN §5 (the reference's `CosineWarmup` /
+    The paper's schedule (the reference's `CosineWarmup` /
     `CosineRestartWarmup`, evaluated per step instead of per epoch):
 
     - `step < warmup_steps`: `initial + (peak - initial) * step / warmup_steps`.

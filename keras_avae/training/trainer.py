@@ -1,6 +1,6 @@
 """`train`: one call that builds, compiles, resumes, trains and saves a model.
 
-Everything the `keras-avae train` command does, as a library (DESIGN §5-6).
+Everything the `keras-avae train` command does, as a library.
 """
 
 import contextlib
@@ -118,7 +118,7 @@ def _build_model(model, strategy, config_overrides, recorded_feature_seed=None):
         family = zoo._FAMILIES[entry["family"]]
         accepts_sync = "synchronized_batch_norm" in inspect.signature(family.__init__).parameters
         if sync is None:
-            # DESIGN §6: batch-norm statistics over the global batch. Only
+            # The paper's recipe: batch-norm statistics over the global batch. Only
             # `tf.distribute` replicas keep separate statistics; JAX's
             # DataParallel computes them over the global batch as it is.
             sync = accepts_sync and BACKEND == "tensorflow" and replicas > 1
