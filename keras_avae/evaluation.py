@@ -182,8 +182,8 @@ def _compiled_log_weights(model):
     """`(x, k) -> log_weights(x, bottom_up(x), k)`, compiled where possible.
 
     Evaluation draws millions of samples; eager execution runs the top-down
-    pass about 3x slower than the compiled graph (measured on 2 CPU cores,
-    `benchmarks/evaluation_speed.py`). TensorFlow compiles with XLA, JAX with
+    pass several times slower than the compiled graph
+    (`benchmarks/evaluation_speed.py`). TensorFlow compiles with XLA, JAX with
     `jax.jit` over the model's variables; PyTorch runs eagerly. The bottom-up
     pass is recomputed per chunk inside the compiled function: it is cheap
     next to `k` top-down passes and keeps one compiled function per shape.

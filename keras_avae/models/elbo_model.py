@@ -48,10 +48,9 @@ class ELBOModel(keras.Model):
         """Builds every sublayer with its real shape by running `call` once.
 
         On JAX the pass is traced (`compute_output_spec`, no computation):
-        eager JAX compiles each new primitive it meets, and building a
-        2-layer `omniglot-attentive` took 40 s eagerly, 29 s traced (the rest
-        is mostly compiling the initialisers of each new weight shape;
-        measured on 2 CPU cores). The other backends run a zero batch
+        eager JAX compiles each new primitive it meets, so tracing the pass
+        is faster than running it (what remains is mostly compiling the
+        initialisers of each new weight shape). The other backends run a zero batch
         eagerly. `input_shape` is ignored: the model's `image_shape` fixes it.
         """
         if self.built:

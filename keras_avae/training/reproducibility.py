@@ -20,11 +20,8 @@ Issue 14 item 5. What varies between two runs of one command, and what
   parallelism); torch's `use_deterministic_algorithms`; JAX on a GPU needs
   `--xla_gpu_deterministic_ops` in `XLA_FLAGS` before it initialises the GPU.
   JAX on a CPU is deterministic. On a CPU, TensorFlow's kernels gave the
-  same numbers run to run once seeded; op determinism cost there is within
-  the noise: mnist-attentive-small, batch 16, 20 steps of each setting
-  interleaved in one process on 2 CPU cores shared with another training,
-  median 1351 ms against 1370 ms without, median ratio of paired steps 1.07,
-  ratio of totals 1.04. On a GPU it can cost more (not measured here):
+  same numbers run to run once seeded, and op determinism cost little (the
+  README's "Reproducible" gives the measurement); on a GPU it can cost more:
   `keras-avae train --no-deterministic` turns it off.
 """
 
