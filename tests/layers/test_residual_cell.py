@@ -1,0 +1,161 @@
+"""ResidualCell and LayerNormGelu: the layer harness, and values against NumPy."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_avae.layers import ResidualCell
+from keras_avae.models import LayerNormGelu
+from tests.test_case import TestCase
+from tests.test_case import to_numpy
+
+
+def images(seed, shape=(2, 6, 6, 4)):
+    return np.random.default_rng(seed).normal(size=shape).astype("float32")
+
+
+def randomise(layer, seed):
+    """Random values for every weight (moving variances positive), so no term is trivially 0 or 1."""
+    rng = np.random.default_rng(seed)
+    for weight in layer.weights:
+        shape = tuple(weight.shape)
+        if "moving_variance" in weight.path:
+            weight.assign(rng.uniform(0.5, 1.5, shape).astype("float32"))
+        else:
+            weight.assign((0.3 * rng.normal(size=shape)).astype("float32"))
+
+
+def np_conv(x, kernel, stride=1, padding="same"):
+    """Cross-correlation `(B, H, W, C) x (k, k, C, F)` with Keras' 'same'/'valid' padding."""
+    k = kernel.shape[0]
+    _, h, w, _ = x.shape
+    if padding == "same":
+        out_h, out_w = -(-h // stride), -(-w // stride)
+        pad_h, pad_w = max((out_h - 1) * stride + k - h, 0), max((out_w - 1) * stride + k - w, 0)
+        x = np.pad(x, ((0, 0), (pad_h // 2, pad_h - pad_h // 2), (pad_w // 2, pad_w - pad_w // 2), (0, 0)))
+    else:
+        out_h, out_w = (h - k) // stride + 1, (w - k) // stride + 1
+    out = np.zeros((x.shape[0], out_h, out_w, kernel.shape[-1]))
+    for i in range(k):
+        for j in range(k):
+            patch = x[:, i : i + stride * out_h : stride, j : j + stride * out_w : stride]
+            out += patch @ kernel[i, j]
+    return out
+
+
+def np_weight_norm_conv(layer, x, stride=1, padding="same"):
+    v, log_g = to_numpy(layer.kernel), to_numpy(layer.log_g)
+    kernel = v * np.exp(log_g) / np.sqrt(np.sum(v * v, axis=(0, 1, 2)) + 1e-12)
+    out = np_conv(x, kernel, stride, padding)
+    return out if layer.bias is None else out + to_numpy(layer.bias)
+
+
+def np_batch_norm(layer, x):
+    gamma, beta = to_numpy(layer.gamma), to_numpy(layer.beta)
+    mean, variance = to_numpy(layer.moving_mean), to_numpy(layer.moving_variance)
+    return gamma * (x - mean) / np.sqrt(variance + layer.epsilon) + beta
+
+
+def np_silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def np_bilinear_x2_align_corners(x):
+    """Corner-aligned bilinear x2 upsampling, pixel by pixel."""
+    b, h, w, c = x.shape
+    out = np.zeros((b, 2 * h, 2 * w, c))
+    for i in range(2 * h):
+        for j in range(2 * w):
+            y, z = i * (h - 1) / (2 * h - 1), j * (w - 1) / (2 * w - 1)
+            y0, z0 = int(np.floor(y)), int(np.floor(z))
+            y1, z1 = min(y0 + 1, h - 1), min(z0 + 1, w - 1)
+            fy, fz = y - y0, z - z0
+            out[:, i, j] = (
+                (1 - fy) * (1 - fz) * x[:, y0, z0]
+                + (1 - fy) * fz * x[:, y0, z1]
+                + fy * (1 - fz) * x[:, y1, z0]
+                + fy * fz * x[:, y1, z1]
+            )
+    return out
+
+
+def np_residual_cell(cell, x):
+    """The cell in inference mode, from its weights and the NVAE equations."""
+    h = np.repeat(np.repeat(x, 2, axis=1), 2, axis=2) if cell.scale == "up" else x
+    for i, (norm, conv) in enumerate(zip(cell.node_norms, cell.node_convs)):
+        stride = 2 if (cell.scale == "down" and i == 0) else 1
+        h = np_weight_norm_conv(conv, np_silu(np_batch_norm(norm, h)), stride)
+    if cell.scale == "same":
+        shortcut = x
+    elif cell.scale == "down":
+        u = np_silu(x)
+        shifted = [u, u[:, 1:, 1:], u[:, :, 1:], u[:, 1:, :]]
+        parts = [np_weight_norm_conv(conv, s, 2, "valid") for conv, s in zip(cell.reduce_convs, shifted)]
+        rows, cols = parts[0].shape[1:3]
+        parts = [np.pad(p, ((0, 0), (0, rows - p.shape[1]), (0, cols - p.shape[2]), (0, 0))) for p in parts]
+        shortcut = np.concatenate(parts, axis=-1)
+    else:
+        shortcut = np_weight_norm_conv(cell.shortcut_conv, np_bilinear_x2_align_corners(x))
+    return cell.residual_scale * h + shortcut
+
+
+class TestResidualCell(TestCase):
+    @pytest.mark.parametrize(
+        "init_kwargs, expected_shape, num_weights",
+        [
+            ({"scale": "same"}, (2, 6, 6, 4), 10),
+            ({"scale": "down"}, (2, 3, 3, 8), 22),
+            ({"scale": "up"}, (2, 12, 12, 2), 12),
+            ({"scale": "same", "nonlocal_key_dim": 2, "nonlocal_attention": "performer", "seed": 1}, (2, 6, 6, 4), 24),
+        ],
+    )
+    def test_layer_behaviours(self, init_kwargs, expected_shape, num_weights):
+        self.run_layer_test(
+            ResidualCell,
+            init_kwargs,
+            images(0),
+            expected_output_shape=expected_shape,
+            expected_num_trainable_weights=num_weights,
+            expected_num_non_trainable_weights=4,  # the two batch norms' moving statistics
+        )
+
+    @pytest.mark.parametrize("scale", ["same", "down", "up"])
+    def test_matches_numpy_in_inference(self, scale):
+        x = images(1, (2, 5, 5, 4)) if scale == "down" else images(1)  # odd sizes: the padded phases
+        cell = ResidualCell(scale, residual_scale=0.7)
+        cell(x)
+        randomise(cell, seed=2)
+        expected = np_residual_cell(cell, x.astype("float64"))
+        self.assertAllClose(cell(x, training=False), expected, atol=2e-4, rtol=2e-4)
+
+    def test_bad_arguments(self):
+        with pytest.raises(ValueError, match="scale='sideways'"):
+            ResidualCell("sideways")
+        with pytest.raises(ValueError, match="nonlocal_key_dim=0"):
+            ResidualCell(nonlocal_key_dim=0)
+        with pytest.raises(ValueError, match="channels.*even"):
+            ResidualCell("up")(images(0, (1, 4, 4, 3)))
+
+
+class TestLayerNormGelu(TestCase):
+    def test_layer_behaviours(self):
+        self.run_layer_test(
+            LayerNormGelu,
+            {"epsilon": 1e-3},
+            images(3),
+            expected_output_shape=(2, 6, 6, 4),
+            expected_num_trainable_weights=2,
+            expected_num_non_trainable_weights=0,
+        )
+
+    def test_matches_numpy(self):
+        x = images(4)
+        layer = LayerNormGelu()
+        layer(x)
+        randomise(layer, seed=5)
+        gamma, beta = to_numpy(layer.norm.gamma), to_numpy(layer.norm.beta)
+        x64 = x.astype("float64")
+        mean, variance = x64.mean(axis=-1, keepdims=True), x64.var(axis=-1, keepdims=True)
+        normed = gamma * (x64 - mean) / np.sqrt(variance + 1e-5) + beta
+        gelu = 0.5 * normed * (1 + np.tanh(np.sqrt(2 / np.pi) * (normed + 0.044715 * normed**3)))
+        self.assertAllClose(layer(x), x64 + gelu, atol=1e-5, rtol=1e-5)
