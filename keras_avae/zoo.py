@@ -282,6 +282,9 @@ def load(name, /, weights="default", **overrides):
             )
     model = _family(entry["family"])(**config(name, **overrides))
     model.build()
+    if weights is not None and entry.get("weights") and pathlib.Path(weights) == pretrained_path(name):
+        # What `save_to_preset` writes into metadata.json.
+        model.model_card = {"name": name, "description": entry["description"], "results": entry.get("results")}
     if weights is not None:
         path = pathlib.Path(weights)
         if not path.is_file():

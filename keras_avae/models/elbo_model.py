@@ -7,9 +7,10 @@ from keras import ops
 
 from keras_avae._validation import check_images
 from keras_avae.evaluation import importance_sampled_log_likelihood
+from keras_avae.models.presets import PresetMixin
 
 
-class ELBOModel(keras.Model):
+class ELBOModel(PresetMixin, keras.Model):
     """Base class: `call` returns per-example `nll`, `kl` and `kl_per_layer`.
 
     `compute_loss` forms the training loss `mean(nll) + kl_weight * mean(kl)`

@@ -10,6 +10,7 @@ import pytest
 
 import keras_avae
 from keras_avae import zoo
+from keras_avae.models import HierarchicalVAE
 
 REPO_ZOO = pathlib.Path(__file__).resolve().parents[2] / "zoo"
 REQUIRED = {
@@ -203,7 +204,12 @@ def test_every_default_load_is_the_trained_model(name, tmp_path):
     other_sampling_seed = zoo.load(name, seed=5)
     assert first.nonlocal_feature_seed == zoo.describe(name)["config"]["nonlocal_feature_seed"]
     expected = _log_weights_under_one_sampling_seed(first, x)
-    for model in (second, other_sampling_seed):
+    # The keras-hub way: the preset, and a preset folder saved from it.
+    preset = HierarchicalVAE.from_preset(name)
+    preset.save_to_preset(tmp_path / "preset")
+    keras.utils.set_random_seed(4)
+    saved_preset = HierarchicalVAE.from_preset(tmp_path / "preset")
+    for model in (second, other_sampling_seed, preset, saved_preset):
         np.testing.assert_allclose(_log_weights_under_one_sampling_seed(model, x), expected, rtol=1e-5)
     path = tmp_path / "m.keras"
     first.save(path)
