@@ -28,7 +28,14 @@ class _ClassProperty:
 
 
 class PresetMixin:
-    """`from_preset`, `save_to_preset` and `presets` for the keras-avae models."""
+    """`from_preset`, `save_to_preset` and `presets` for the keras-avae models.
+
+    Example:
+
+    >>> from keras_avae.models import DiscreteVAE
+    >>> issubclass(DiscreteVAE, PresetMixin), sorted(DiscreteVAE.presets)
+    (True, ['mnist-gumbel', 'mnist-gumbel-small'])
+    """
 
     @_ClassProperty
     def presets(cls):

@@ -33,6 +33,8 @@ one concept per module:
   `history.csv`.
 - `interrupts`: SIGINT/SIGTERM stop training after a checkpoint of the
   current step (`TrainingInterrupted`).
+- `run_settings`: a run's epochs, steps per epoch, global batch and chief,
+  resolved from `train`'s arguments and checked against the data.
 - `trainer`: `train(...)`, one call that builds, compiles, resumes and
   trains a zoo entry or a model, and writes `model.keras` and
   `model.weights.h5`.

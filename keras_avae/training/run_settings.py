@@ -1,0 +1,128 @@
+"""A run's settings, resolved from `train`'s arguments before any model exists.
+
+The recipe with its overrides, the number of epochs, steps per epoch
+(inferred from finite data, and checked against it), the global batch, the
+replicas and whether this process is the chief; and the first images of the
+data, for the sample grids.
+"""
+
+import dataclasses
+import math
+import pathlib
+
+import numpy as np
+
+from keras_avae.training.distribute import is_chief
+from keras_avae.training.distribute import num_replicas
+from keras_avae.training.jax_distribution import _is_data_parallel
+from keras_avae.training.recipes import _positive_int
+from keras_avae.training.recipes import resolve_recipe
+
+
+def _first_images(data, n):
+    """Up to `n` images from a dataset, an array, or an `(x, ...)` tuple."""
+    if data is None:
+        return None
+    if isinstance(data, (tuple, list)):
+        data = data[0]
+    if isinstance(data, np.ndarray) or hasattr(data, "__array__") and not hasattr(data, "take"):
+        return np.asarray(data[:n])
+    if hasattr(data, "take"):  # tf.data.Dataset
+        batch = next(iter(data.take(1)))
+        if isinstance(batch, (tuple, list)):
+            batch = batch[0]
+        if isinstance(batch, dict):
+            batch = next(iter(batch.values()))
+        return np.asarray(batch)[:n]
+    return None
+
+
+
+def _infer_steps_per_epoch(dataset, steps_per_epoch, batch_size):
+    if steps_per_epoch is not None:
+        steps_per_epoch = _positive_int("steps_per_epoch", steps_per_epoch)
+        _check_enough_batches(dataset, steps_per_epoch, batch_size)
+        return steps_per_epoch
+    if isinstance(dataset, np.ndarray):
+        return max(1, math.ceil(len(dataset) / batch_size))
+    if hasattr(dataset, "cardinality"):
+        cardinality = int(dataset.cardinality())
+        if cardinality > 0:
+            return cardinality
+    raise ValueError(
+        "`steps_per_epoch` is needed for a dataset of unknown or infinite length "
+        "(the learning-rate schedule and checkpoints count steps). Received: steps_per_epoch=None"
+    )
+
+
+def _check_enough_batches(dataset, steps_per_epoch, batch_size):
+    """Refuses an epoch longer than the data (`fit` would cut it short with a warning only)."""
+    if isinstance(dataset, np.ndarray):
+        batches, what = math.ceil(len(dataset) / batch_size), f"{len(dataset)} images in batches of {batch_size}"
+    elif hasattr(dataset, "cardinality") and int(dataset.cardinality()) >= 0:
+        batches, what = int(dataset.cardinality()), "the dataset"
+    else:
+        return  # infinite (repeated) or unknown length
+    if batches < steps_per_epoch:
+        raise ValueError(
+            f"`steps_per_epoch` asks for {steps_per_epoch} batches per epoch but {what} make {batches}. "
+            f"Use fewer steps or more data (or `dataset.repeat()`). Received: steps_per_epoch={steps_per_epoch}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """What `train` resolved from its arguments, before it builds the model."""
+
+    output_dir: pathlib.Path
+    name: str | None
+    recipe: dict
+    epochs: int
+    steps_per_epoch: int
+    batch_size: int
+    replicas: int
+    chief: bool
+    data: dict | None = None
+
+
+def _resolve_run(
+    model, dataset, output_dir, epochs, steps_per_epoch, strategy, batch_size, recipe_overrides, data_info=None
+):
+    """The run's recipe, length and global batch; makes the run folder (chief only)."""
+    output_dir = pathlib.Path(output_dir)
+    name = model if isinstance(model, str) else None
+    recipe = resolve_recipe(name, **recipe_overrides)
+    epochs = _positive_int("epochs", recipe["epochs"] if epochs is None else epochs)
+    replicas = num_replicas(strategy)
+    chief = is_chief(strategy)
+    if batch_size is None:
+        batch_size = recipe["batch_size_per_replica"] * replicas
+    batch_size = _positive_int("batch_size", batch_size)
+    steps_per_epoch = _infer_steps_per_epoch(dataset, steps_per_epoch, batch_size)
+    if _is_data_parallel(strategy):
+        _check_data_parallel_input(dataset, batch_size, replicas, strategy)
+    if chief:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    if data_info is not None and not isinstance(data_info, dict):
+        raise ValueError(f"`data_info` must be a dict or None. Received: data_info={data_info!r}")
+    return _Run(output_dir, name, recipe, epochs, steps_per_epoch, batch_size, replicas, chief, data_info)
+
+
+def _check_data_parallel_input(dataset, batch_size, replicas, distribution):
+    """Refuses input that `keras.distribution.DataParallel` cannot split (JAX)."""
+    if distribution.num_processes > 1 and not hasattr(dataset, "element_spec"):
+        raise ValueError(
+            "Several processes need a tf.data.Dataset of global batches (each process reads its share; "
+            "`datasets.make_dataset` makes one). Received: dataset of type "
+            f"{type(dataset).__name__}"
+        )
+    if batch_size % replicas:
+        raise ValueError(
+            f"The global batch must split evenly over the {replicas} devices. Received: batch_size={batch_size}"
+        )
+    if isinstance(dataset, np.ndarray) and len(dataset) % batch_size % replicas:
+        raise ValueError(
+            f"The last batch of {len(dataset) % batch_size} images cannot be split over the {replicas} devices; "
+            f"use a number of images that is a multiple of {replicas}. Received: {len(dataset)} images, "
+            f"batch_size={batch_size}"
+        )
