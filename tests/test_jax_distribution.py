@@ -13,7 +13,6 @@ checks run in process, on every backend.
 import json
 import os
 import signal
-import time
 
 import keras
 import numpy as np
@@ -27,6 +26,7 @@ from tests.test_training import decode_png
 from tests.test_training import helper  # noqa: F401  (the subprocess fixture)
 from tests.test_training import history_epochs
 from tests.test_training import result_of
+from tests.test_training import wait_for
 
 BACKEND = keras.backend.backend()
 jax_only = pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution data parallelism is tested on JAX")
@@ -162,11 +162,7 @@ def test_killed_data_parallel_run_resumes(tmp_path, helper):  # noqa: F811
     command = ("train", out, epochs, "--strategy", "auto", "--cpu-devices", 2, "--jit", "--save-freq", 2)
     process = helper(*command, env={"KAVAE_TEST_BATCH_DELAY": "0.5"})
     pointer = out / "backup" / "checkpoint.json"
-    deadline = time.time() + 500
-    while not pointer.exists():
-        assert process.poll() is None, process.communicate()[0][-4000:]
-        assert time.time() < deadline, "no checkpoint"
-        time.sleep(0.05)
+    wait_for(pointer, process)
     os.kill(process.pid, signal.SIGKILL)
     process.communicate()
     state = json.loads(pointer.read_text())

@@ -602,11 +602,7 @@ def test_sigkill_then_restart_resumes_exactly(tmp_path, helper):
 
     uninterrupted = helper("train", reference, epochs, "--save-freq", 2)  # runs alongside
     process = helper("train", killed, epochs, "--save-freq", 2, env={"KAVAE_TEST_BATCH_DELAY": "0.5"})
-    deadline = time.time() + 500
-    while not pointer.exists():
-        assert process.poll() is None, process.communicate()[0][-4000:]
-        assert time.time() < deadline, "no checkpoint"
-        time.sleep(0.05)
+    wait_for(pointer, process)
     os.kill(process.pid, signal.SIGKILL)
     process.communicate()
     assert process.returncode == -signal.SIGKILL

@@ -49,6 +49,26 @@ def _result(payload):
     print("RESULT " + json.dumps(payload), flush=True)
 
 
+def training_state(model, skip_seed_states=False):
+    """`{group: [[path, values], ...]}` of a model's variables, in creation order (paths differ between models)."""
+    import keras
+    import numpy as np
+
+    groups = {
+        "trainable": model.trainable_variables,
+        "non_trainable": model.non_trainable_variables,
+        "optimizer": model.optimizer.variables,
+    }
+    return {
+        group: [
+            [v.path, np.asarray(keras.ops.convert_to_numpy(v), dtype="float64").tolist()]
+            for v in variables
+            if not (skip_seed_states and "seed_generator_state" in v.path)
+        ]
+        for group, variables in groups.items()
+    }
+
+
 def mirrored_step(out_path):
     """One step under MirroredStrategy on 2 logical CPUs vs one device, same global batch.
 
@@ -98,25 +118,9 @@ def mirrored_step(out_path):
         history = model.fit(data, batch_size=len(data), epochs=1, shuffle=False, verbose=0)
         losses[name] = history.history["loss"][0]
 
-    def state(model):
-        groups = {
-            "trainable": model.trainable_variables,
-            "non_trainable": model.non_trainable_variables,
-            "optimizer": model.optimizer.variables,
-        }
-        # Lists in creation order (paths differ between the models). The
-        # seed-generator states are bookkeeping of the replicated RNG, not
-        # training state: the common-noise sampler does not read them.
-        return {
-            group: [
-                [v.path, np.asarray(v.numpy(), dtype="float64").tolist()]
-                for v in variables
-                if "seed_generator_state" not in v.path
-            ]
-            for group, variables in groups.items()
-        }
-
-    states = {name: state(model) for name, model in models.items()}
+    # The seed-generator states are bookkeeping of the replicated RNG, not
+    # training state: the common-noise sampler does not read them.
+    states = {name: training_state(model, skip_seed_states=True) for name, model in models.items()}
 
     # A NaN in one image of replica 1's half only: the guard must skip the
     # step on both replicas (the finiteness flags are all-reduced), and the
@@ -189,30 +193,19 @@ def jax_data_parallel_step(out_path):
     single.optimizer.build(single.trainable_variables)
     start = [np.array(keras.ops.convert_to_numpy(v)) for v in single.variables + single.optimizer.variables]
 
-    def state(model):
-        groups = {
-            "trainable": model.trainable_variables,
-            "non_trainable": model.non_trainable_variables,
-            "optimizer": model.optimizer.variables,
-        }
-        return {
-            group: [[v.path, np.asarray(keras.ops.convert_to_numpy(v), dtype="float64").tolist()] for v in variables]
-            for group, variables in groups.items()
-        }
-
     def one_step(model, data):
         return model.fit(data, batch_size=BATCH, epochs=1, shuffle=False, verbose=0).history["loss"][0]
 
     losses, states = {}, {}
     with distribution.scope():
         losses["parallel"] = one_step(parallel, x)
-    states["parallel"] = state(parallel)
+    states["parallel"] = training_state(parallel)
     losses["single"] = one_step(single, x)
-    states["single"] = state(single)
+    states["single"] = training_state(single)
     for variable, value in zip(single.variables + single.optimizer.variables, start):
         variable.assign(value)
     losses["half"] = one_step(single, np.concatenate([x[: BATCH // 2]] * 2))
-    states["half"] = state(single)
+    states["half"] = training_state(single)
     devices = sorted(len(v.value.sharding.device_set) for v in parallel.weights)
 
     # A NaN in the second device's half of the batch only: the guard skips
