@@ -13,8 +13,6 @@ work with `TESTED_KERAS_VERSION`.
   `build` needs (`NonFiniteGuard`), as Keras' `LossScaleOptimizer` has it.
 - `set_initial_epoch`: the epoch `fit` starts from, set by a callback (what
   `keras.callbacks.BackupAndRestore` does, through `model._initial_epoch`).
-- `unsynced_jax_state`: the JAX trainer's current variable values in the
-  middle of an epoch (`model._jax_state`), before they are written back.
 - `multi_worker_scalar_log_reduction`: a fix of Keras' reduction of the
   per-step logs under `MultiWorkerMirroredStrategy` (TensorFlow).
 """
@@ -48,27 +46,6 @@ def set_initial_epoch(model, epoch):
     3
     """
     model._initial_epoch = epoch
-
-
-def unsynced_jax_state(model):
-    """The JAX trainer's state dict while it differs from the variables, else `None`.
-
-    Inside a JAX `fit` epoch the trainer carries the variable values in
-    `model._jax_state` (keys `"trainable_variables"`,
-    `"non_trainable_variables"`, `"optimizer_variables"`,
-    `"metrics_variables"`, lists in the order of the model's lists) and
-    writes them back only at the end of the epoch or on `jax_state_sync()`.
-
-    Example:
-
-    >>> model = keras.Sequential([keras.layers.Dense(1)])
-    >>> unsynced_jax_state(model) is None  # not training
-    True
-    """
-    state = getattr(model, "_jax_state", None)
-    if state and not getattr(model, "_jax_state_synced", True):
-        return state
-    return None
 
 
 @contextlib.contextmanager

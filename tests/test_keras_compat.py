@@ -83,33 +83,6 @@ def test_set_initial_epoch_moves_the_start_of_fit():
     assert epochs == [0, 1]
 
 
-def test_unsynced_jax_state_holds_the_current_values_inside_an_epoch():
-    seen = {}
-
-    class Inspect(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            # `self._model`: on JAX, the `model` property syncs the state first.
-            state = keras_compat.unsynced_jax_state(self._model)
-            if BACKEND != "jax":
-                seen["state"] = state
-                return
-            seen["keys"] = set(state)
-            seen["iterations"] = [
-                int(np.asarray(v))
-                for v, var in zip(state["optimizer_variables"], self._model.optimizer.variables)
-                if var is self._model.optimizer.iterations
-            ]
-
-    model = tiny_model()
-    model.fit(np.ones((8, 3), "float32"), np.ones((8, 1), "float32"), batch_size=4, verbose=0, callbacks=[Inspect()])
-    if BACKEND != "jax":
-        assert seen["state"] is None
-        return
-    assert {"trainable_variables", "non_trainable_variables", "optimizer_variables"} <= seen["keys"]
-    assert seen["iterations"] == [2]  # the second batch's state, not yet in the variables
-    assert keras_compat.unsynced_jax_state(model) is None  # synced at the end of fit
-
-
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute")
 def test_multi_worker_log_reduction_patches_the_function_keras_calls():
     from keras.src.backend.tensorflow import trainer as tf_trainer

@@ -62,7 +62,6 @@ from keras_avae.training.callbacks import KLWarmup
 from keras_avae.training.callbacks import NonFiniteMonitor
 from keras_avae.training.callbacks import SampleGrid
 from keras_avae.training.callbacks import _learning_rate_at
-from keras_avae.training.callbacks import _read_optimizer_variable
 from keras_avae.training.callbacks import _ResumableGumbelSchedule
 from keras_avae.training.checkpoints import AtomicBackupAndRestore
 from keras_avae.training.distribute import BACKEND

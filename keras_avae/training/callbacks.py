@@ -17,21 +17,7 @@ from keras import ops
 from keras_avae.training.distribute import _model_strategy
 from keras_avae.training.distribute import is_chief
 from keras_avae.training.images import save_image_grid
-from keras_avae.keras_compat import unsynced_jax_state
 from keras_avae.training.optimizers import find_guard
-
-
-def _read_optimizer_variable(model, variable):
-    """Current value of an optimizer variable, also in the middle of a JAX epoch.
-
-    The JAX trainer keeps the state outside the variables (and purges them)
-    between syncs; read it from there rather than forcing a sync.
-    """
-    state = unsynced_jax_state(model)
-    if state and state.get("optimizer_variables"):
-        index = next(i for i, v in enumerate(model.optimizer.variables) if v is variable)
-        return np.asarray(state["optimizer_variables"][index])
-    return np.asarray(ops.convert_to_numpy(variable))
 
 
 class NonFiniteMonitor(keras.callbacks.Callback):
@@ -88,36 +74,27 @@ class NonFiniteMonitor(keras.callbacks.Callback):
             )
         if not self._guard.built:
             self._guard.build(model.trainable_variables)
-        self._count = int(_read_optimizer_variable(model, self._guard.nonfinite_steps))
+        self._count = int(ops.convert_to_numpy(self._guard.nonfinite_steps))
         non_trainable = [
-            (i, v)
-            for i, v in enumerate(model.non_trainable_variables)
+            v
+            for v in model.non_trainable_variables
             if "float" in str(v.dtype) and "seed_generator_state" not in v.path
         ]
-        metrics = list(enumerate(model.metrics_variables))
-        self._variables = [v for _, v in non_trainable] + [v for _, v in metrics]
-        self._jax_index = [("non_trainable_variables", i) for i, _ in non_trainable] + [
-            ("metrics_variables", i) for i, _ in metrics
-        ]
+        self._variables = non_trainable + list(model.metrics_variables)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
 
-    def _forward_state(self):
-        state = unsynced_jax_state(self.model)
-        if state:
-            return [state[group][i] for group, i in self._jax_index]
-        return [ops.copy(ops.convert_to_tensor(v)) for v in self._variables]
-
     def on_train_batch_begin(self, batch, logs=None):
-        self._snapshot = self._forward_state()
+        _ = self.model  # on JAX, the property writes the trainer's state back into the variables
+        self._snapshot = [ops.copy(ops.convert_to_tensor(v)) for v in self._variables]
 
     def on_train_batch_end(self, batch, logs=None):
-        count = int(_read_optimizer_variable(self.model, self._guard.nonfinite_steps))
+        _ = self.model  # on JAX, the property writes the trainer's state back into the variables
+        count = int(ops.convert_to_numpy(self._guard.nonfinite_steps))
         if count > self._count:
             if self._snapshot is not None:
-                if hasattr(self.model, "jax_state_sync"):
-                    self.model.jax_state_sync()  # the next step re-reads the variables
+                # Synced above, so on JAX the next step re-reads these variables.
                 for variable, value in zip(self._variables, self._snapshot):
                     variable.assign(value)
             if self.verbose:
@@ -142,7 +119,7 @@ class NonFiniteMonitor(keras.callbacks.Callback):
             return
         logs["nonfinite_steps"] = self._count
         optimizer = self.model.optimizer
-        step = _read_optimizer_variable(self.model, optimizer.iterations)
+        step = ops.convert_to_numpy(optimizer.iterations)
         logs["learning_rate"] = float(_learning_rate_at(optimizer, step))
         if hasattr(self.model, "kl_weight"):
             logs["kl_weight"] = float(ops.convert_to_numpy(self.model.kl_weight))
