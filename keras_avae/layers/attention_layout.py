@@ -55,24 +55,15 @@ class SequenceLayout:
         inverse = [self.order.index(a) for a in range(self.rank - 2)]
         return ops.transpose(x, inverse + [self.rank - 2, self.rank - 1])
 
-    def positions_in_sequence_order(self, projected_shape):
-        """The shape `(B, free..., attention...)` of positions of a projected tensor."""
-        return tuple(projected_shape[a] for a in self.order)
-
-    def mask_from_sequence_order(self, mask):
-        """A mask in `(B, free..., attention...)` order back to `(B, d_1, ..., d_k)`."""
-        inverse = [self.order.index(a) for a in range(self.rank - 2)]
-        return mask if inverse == list(range(self.rank - 2)) else ops.transpose(mask, inverse)
-
     def key_padding(self, attention_mask, key_shape=None):
-        """`attention_mask` as a key padding mask shaped like the key's positions, or a `ValueError`.
+        """`attention_mask` as a `(B', S)` key padding mask (see `to_sequences`), or a `ValueError`.
 
         `MultiHeadAttention` reads a mask of rank `r` as `(..., T..., S...)`:
         its last `2 * A` axes are the query's and the key's attention axes,
         and its leading axes broadcast against `(batch axes..., num_heads)`
         from the left. FAVOR+ can apply it only when it does not depend on
         the query position (every query axis of size 1) nor on the head.
-        With `key_shape`, the mask is broadcast to the key's positions.
+        Without `key_shape` (the projected key's shape) it only checks.
         """
         if attention_mask is None:
             return None
@@ -101,10 +92,10 @@ class SequenceLayout:
             lead -= 1
         for _ in range(self.num_batch_axes - lead):
             mask = ops.expand_dims(mask, lead)
-        # Broadcast to the key's positions in its original axis order.
-        positions = self.positions_in_sequence_order(key_shape)
-        mask = ops.broadcast_to(mask, positions)
-        return self.mask_from_sequence_order(mask)
+        # Now in `(B, free..., attention...)` order, as `to_sequences` moves
+        # the key: broadcast to its positions and flatten the same way.
+        mask = ops.broadcast_to(mask, tuple(key_shape[a] for a in self.order))
+        return ops.reshape(mask, (-1, _product(key_shape[a] for a in self.attention)))
 
     def mask_to_sequences(self, mask):
         """A `(B, d_1, ..., d_k)` mask to `(B', L)`."""

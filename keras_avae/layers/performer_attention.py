@@ -286,7 +286,7 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         training=None,
         use_causal_mask=False,
     ):
-        self._check_call_arguments(query, value, attention_mask, return_attention_scores)
+        self._check_call_arguments(query, attention_mask, return_attention_scores)
         if key is None:
             key = value
         query, key, value = (_without_keras_mask(t) for t in (query, key, value))
@@ -302,9 +302,10 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         query_shape, key_shape = ops.shape(query), ops.shape(key)
         query, key, value = (layout.to_sequences(t) for t in (query, key, value))
         key_padding = None
-        for mask in (value_mask, key_mask, layout.key_padding(attention_mask, key_shape)):
+        masks = [layout.mask_to_sequences(ops.cast(m, "bool")) for m in (value_mask, key_mask) if m is not None]
+        masks.append(layout.key_padding(attention_mask, key_shape))
+        for mask in masks:
             if mask is not None:
-                mask = layout.mask_to_sequences(ops.cast(mask, "bool"))
                 key_padding = mask if key_padding is None else ops.logical_and(key_padding, mask)
         if query_mask is not None:
             query_mask = layout.mask_to_sequences(ops.cast(query_mask, "bool"))
@@ -362,7 +363,7 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
             query, key, value, features, kernel=self.kernel, causal=use_causal_mask, key_mask=key_mask, eps=self.eps
         )
 
-    def _check_call_arguments(self, query, value, attention_mask, return_attention_scores):
+    def _check_call_arguments(self, query, attention_mask, return_attention_scores):
         if return_attention_scores:
             raise ValueError(
                 "PerformerAttention cannot return attention scores: FAVOR+ never forms the attention "
@@ -390,7 +391,7 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         training=None,
         use_causal_mask=False,
     ):
-        self._check_call_arguments(query, value, attention_mask, return_attention_scores)
+        self._check_call_arguments(query, attention_mask, return_attention_scores)
         return super().compute_output_spec(query, value, key)
 
     def get_config(self):
