@@ -93,10 +93,14 @@ def describe(name):
 
 def _valid_keys(entry):
     """Override keys: the entry's config and its family's constructor arguments."""
-    family = _family(entry["family"])
+    return _override_keys(_family(entry["family"]), entry["config"])
+
+
+def _override_keys(family, config):
+    """The keys a model of class `family` with `config` accepts as overrides."""
     arguments = inspect.signature(family.__init__).parameters
     accepted = {key for key, p in arguments.items() if key != "self" and p.kind is p.POSITIONAL_OR_KEYWORD}
-    return set(entry["config"]) | accepted | {"name", "dtype"}
+    return set(config) | accepted | {"name", "dtype"}
 
 
 def config(name, /, **overrides):
@@ -165,16 +169,19 @@ def _architecture_changes(name, overrides):
     """
     entry = _get(name)
     config(name, **overrides)  # unknown keys: the error that lists the valid ones
+    return _changes(_family(entry["family"]), entry["config"], overrides)
+
+
+def _changes(family, config, overrides):
+    """`{key: (override, current)}` for the overrides that change a `family` model with `config`."""
     defaults = {
-        key: p.default
-        for key, p in inspect.signature(_family(entry["family"]).__init__).parameters.items()
-        if p.default is not p.empty
+        key: p.default for key, p in inspect.signature(family.__init__).parameters.items() if p.default is not p.empty
     }
     changes = {}
     for key, value in overrides.items():
         if key in _NEUTRAL_OVERRIDES:
             continue
-        current = entry["config"][key] if key in entry["config"] else defaults.get(key)
+        current = config[key] if key in config else defaults.get(key)
         if _normalized(value) != _normalized(current):
             changes[key] = (value, current)
     return changes
@@ -300,9 +307,9 @@ def load(name, /, weights="default", **overrides):
     return model
 
 
-def _describe_changes(changes):
+def _describe_changes(changes, source="entry"):
     """`num_layers=2 (entry: 4), crop=0 (entry: 2)` for messages."""
-    return ", ".join(f"{key}={value!r} (entry: {current!r})" for key, (value, current) in changes.items())
+    return ", ".join(f"{key}={value!r} ({source}: {current!r})" for key, (value, current) in changes.items())
 
 
 def _check_sha256(path, expected):

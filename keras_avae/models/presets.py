@@ -199,27 +199,15 @@ def _read_config(folder, cls):
 
 
 def _check_overrides(family, config, overrides, load_weights, folder):
-    """Unknown keys always, and architecture changes when weights are loaded, are errors."""
-    import inspect
-
+    """Unknown keys always, and architecture changes when weights are loaded, are errors (as in `zoo.load`)."""
     from keras_avae import zoo
 
-    accepted = {k for k, p in inspect.signature(family.__init__).parameters.items() if p.kind is p.POSITIONAL_OR_KEYWORD}
-    unknown = sorted(set(overrides) - (accepted | set(config) | {"name", "dtype"}) - {"self"})
+    unknown = sorted(set(overrides) - zoo._override_keys(family, config))
     if unknown:
-        raise ValueError(
-            f"Unknown config override(s) {unknown} for {family.__name__}. Received: {overrides}"
-        )
-    if not load_weights:
-        return
-    changes = {
-        key: value
-        for key, value in overrides.items()
-        if key not in zoo._NEUTRAL_OVERRIDES and zoo._normalized(value) != zoo._normalized(config.get(key))
-    }
+        raise ValueError(f"Unknown config override(s) {unknown} for {family.__name__}. Received: {overrides}")
+    changes = zoo._changes(family, config, overrides) if load_weights else {}
     if changes:
         raise ValueError(
             f"The weights in {str(folder)!r} do not fit: these overrides change the architecture they were "
-            f"trained for. Drop them, or pass load_weights=False. Received: "
-            + ", ".join(f"{k}={v!r} (preset: {config.get(k)!r})" for k, v in changes.items())
+            f"trained for. Drop them, or pass load_weights=False. Received: {zoo._describe_changes(changes, 'preset')}"
         )
