@@ -15,6 +15,8 @@ work with `TESTED_KERAS_VERSION`.
   `keras.callbacks.BackupAndRestore` does, through `model._initial_epoch`).
 - `multi_worker_scalar_log_reduction`: a fix of Keras' reduction of the
   per-step logs under `MultiWorkerMirroredStrategy` (TensorFlow).
+- `nested_layers`: every layer inside a layer or model, at any depth
+  (`Model.layers` lists the direct children only).
 """
 
 import contextlib
@@ -46,6 +48,19 @@ def set_initial_epoch(model, epoch):
     3
     """
     model._initial_epoch = epoch
+
+
+def nested_layers(layer):
+    """Every layer tracked inside `layer`, at any depth, `layer` itself excluded.
+
+    Example:
+
+    >>> inner = keras.Sequential([keras.layers.Dense(2), keras.layers.Dense(1)])
+    >>> model = keras.Sequential([inner, keras.layers.Dense(1)])
+    >>> len(nested_layers(model))
+    4
+    """
+    return list(layer._flatten_layers(include_self=False, recursive=True))
 
 
 @contextlib.contextmanager

@@ -106,3 +106,30 @@ def test_no_automatic_dependency_tracking_is_what_loss_scale_optimizer_uses():
     guard.build(variables)
     # The inner optimizer's variables appear once, through `variables`.
     assert len(guard.variables) == len({id(v) for v in guard.variables})
+
+
+def test_nested_layers_reaches_every_depth_and_only_layers():
+    class Cell(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.norm = keras.layers.BatchNormalization()
+            self.convs = [keras.layers.Dense(2), keras.layers.Dense(3)]
+
+        def call(self, x):
+            return self.convs[1](self.convs[0](self.norm(x)))
+
+    class Outer(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.cells = [Cell(name="a"), Cell(name="b")]
+
+        def call(self, x):
+            return self.cells[1](self.cells[0](x))
+
+    model = Outer()
+    model(np.zeros((2, 4), "float32"))
+    cells = model.cells
+    found = keras_compat.nested_layers(model)
+    expected = [layer for cell in cells for layer in (cell, cell.norm, *cell.convs)]
+    assert sorted(map(id, found)) == sorted(map(id, expected))
+    assert model not in found

@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_avae.ops.favor import _numpy_orthogonal_features
 from keras_avae.ops.favor import favor_attention
+from keras_avae.ops.favor import favor_feature_map
 from keras_avae.ops.favor import orthogonal_random_features
 
 _ATTENTIONS = ("softmax", "performer")
@@ -166,7 +167,8 @@ class NonLocalBlock(keras.layers.Layer):
             conv.build(input_shape)
         self.gamma = self.add_weight(name="gamma", shape=(), initializer=self.gamma_initializer)
 
-    def call(self, inputs, training=None):
+    def _project(self, inputs):
+        """`theta(x)`, `phi(x)` and `g(x)` as float32 `(B, H*W, channels)`."""
         batch = ops.shape(inputs)[0]
         convs = (self.theta, self.phi, self.g)
         if all(_is_pointwise(conv) for conv in convs):
@@ -181,12 +183,14 @@ class NonLocalBlock(keras.layers.Layer):
             projected = ops.concatenate(
                 [ops.reshape(conv(inputs), (batch, -1, conv.filters)) for conv in convs], axis=-1
             )
-        # (B, HW, channels) in float32: the logits, softmax (or FAVOR+
-        # features) and the weighted sum over all positions.
+        # Float32 from here: the logits, softmax (or FAVOR+ features) and the
+        # weighted sum over all positions.
         projected = ops.cast(projected, "float32")
-        theta = projected[:, :, : self.key_dim]
-        phi = projected[:, :, self.key_dim : 2 * self.key_dim]
-        g = projected[:, :, 2 * self.key_dim :]
+        k = self.key_dim
+        return projected[:, :, :k], projected[:, :, k : 2 * k], projected[:, :, 2 * k :]
+
+    def call(self, inputs, training=None):
+        theta, phi, g = self._project(inputs)
         if self.attention == "softmax":
             # Unscaled logits, as in the reference (no 1/sqrt(key_dim)).
             scores = ops.softmax(ops.einsum("bpk,bqk->bpq", theta, phi), axis=-1)
@@ -202,6 +206,57 @@ class NonLocalBlock(keras.layers.Layer):
             attended = favor_attention(theta, phi, g, features, scale=1.0)
         attended = ops.cast(ops.reshape(attended, ops.shape(inputs)), self.compute_dtype)
         return inputs + self.gamma * attended
+
+    def attention_map(self, inputs, query_positions):
+        """The attention weights `A[p, :]` of chosen query positions.
+
+        Exact in softmax mode; in performer mode the FAVOR+ estimate the
+        block computes with (its fixed features), normalised the same way.
+        Either way each map sums to 1.
+
+        Args:
+            inputs: tensor of shape `(B, H, W, C)`, the block's input.
+            query_positions: list of `(row, col)` pairs in `[0, H) x [0, W)`.
+
+        Returns:
+            Float32 tensor `(B, Q, H, W)`: for each query position, its
+            weights over every key position.
+
+        Example:
+
+        >>> import numpy as np
+        >>> x = np.random.normal(size=(1, 4, 4, 8)).astype("float32")
+        >>> block = NonLocalBlock(key_dim=2)
+        >>> _ = block(x)
+        >>> maps = keras.ops.convert_to_numpy(block.attention_map(x, [(0, 0), (3, 2)]))
+        >>> maps.shape, bool(np.allclose(maps.sum(axis=(2, 3)), 1.0))
+        ((1, 2, 4, 4), True)
+        """
+        height, width = inputs.shape[1], inputs.shape[2]
+        rows = []
+        for position in query_positions:
+            row, col = (int(v) for v in position)
+            if not (0 <= row < height and 0 <= col < width):
+                raise ValueError(
+                    f"`query_positions` must lie in [0, {height}) x [0, {width}). Received: query_positions="
+                    f"{list(query_positions)!r}"
+                )
+            rows.append(row * width + col)
+        if not rows:
+            raise ValueError(f"`query_positions` must name at least one position. Received: {query_positions!r}")
+        theta, phi, _ = self._project(inputs)
+        theta = ops.take(theta, rows, axis=1)
+        if self.attention == "softmax":
+            weights = ops.softmax(ops.einsum("bpk,bqk->bpq", theta, phi), axis=-1)
+        else:
+            features = self._fixed_features()
+            # The same feature maps (and eps) as `favor_attention` uses: the
+            # block's output is exactly these weights times g(x).
+            query_features = favor_feature_map(theta[:, :, None, :], features, is_query=True, scale=1.0)
+            key_features = favor_feature_map(phi[:, :, None, :], features, is_query=False, scale=1.0)
+            products = ops.einsum("bpm,bqm->bpq", query_features[:, :, 0], key_features[:, :, 0])
+            weights = products / ops.sum(products, axis=-1, keepdims=True)
+        return ops.reshape(weights, (ops.shape(inputs)[0], len(rows), height, width))
 
     def _fixed_features(self):
         # Drawn once on the host from the integer seed (not per call, and not

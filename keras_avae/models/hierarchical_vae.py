@@ -10,6 +10,7 @@ from keras_avae._validation import check_temperature
 from keras_avae._validation import to_numpy
 from keras_avae.distributions.bernoulli import bernoulli_log_prob
 from keras_avae.distributions.gaussian import DiagonalGaussian
+from keras_avae.models.batch_norm_statistics import readjusted_batch_norm
 from keras_avae.models.elbo_model import ELBOModel
 from keras_avae.layers.depthwise_attend import DepthwiseAttend
 from keras_avae.layers.discretized_logistic_mixture import DiscretizedLogisticMixture
@@ -461,18 +462,21 @@ class HierarchicalVAE(ELBOModel):
         return params[..., :z], params[..., z:]
 
     def _inference_condition(self, i, merged, query, features, training):
-        """Posterior condition of layer i (eq. 10-11), or `merged` without attention."""
+        """Posterior condition of layer i (eq. 10-11) and its attention weights.
+
+        Without inference attention: `merged` itself, and `None`.
+        """
         if not self._ik:
-            return merged
+            return merged, None
         E = self._values
         cond, key = merged[..., :E], merged[..., E:]
         values = [cond] + [f[..., :E] for f in features[i + 1 :]]
         keys = [key] + [f[..., E:] for f in features[i + 1 :]]
-        attended = self.inference_attends[i](query, keys, values)
+        attended, scores = self.inference_attends[i](query, keys, values, return_attention_scores=True)
         if self.inference_norms[i] is not None:
             cond = self.inference_norms[i](cond)
         gate = ops.cast(self.inference_gates[i], self.compute_dtype)
-        return ops.concatenate([cond + gate * attended, key], axis=-1)
+        return ops.concatenate([cond + gate * attended, key], axis=-1), scores
 
     def top_down(
         self,
@@ -482,24 +486,38 @@ class HierarchicalVAE(ELBOModel):
         temperature=1.0,
         return_log_probs=False,
         return_latents=False,
+        latents=None,
+        return_attention=False,
     ):
         """The top-down pass.
 
         With `features` (from `bottom_up`) it samples every `z_l` from the
         posterior and returns the KLs; without, it samples from the prior (at
-        `temperature`) for `batch_size` images.
+        `temperature`) for `batch_size` images, or, with `latents` (a list of
+        L tensors, as `encode` returns), decodes those latents.
 
         Returns:
             A dict: `"decoded"` (the features fed to the data head),
             `"kl_per_layer"` (B, L) when `features` is given, with
             `return_log_probs` `"log_prior"`/`"log_posterior"` (B,) of the
-            sampled latents, and with `return_latents` `"latents"` (the L
-            samples) and `"posterior_means"` (with `features`).
+            sampled latents, with `return_latents` `"latents"` (the L
+            samples) and `"posterior_means"` (with `features`), and with
+            `return_attention` `"generative_attention"` and
+            `"inference_attention"`: per layer, the depth-wise attention
+            weights `(B, h, w, N)` over its N contexts, or `None` where the
+            layer does not attend.
         """
         L, P, ik = self.num_layers, self._context, self._ik
         posterior = features is not None
+        if posterior and latents is not None:
+            raise ValueError("Pass `features` (posterior sampling) or `latents` (decoding), not both.")
+        if latents is not None:
+            if len(latents) != L:
+                raise ValueError(f"`latents` must hold one tensor per layer ({L}). Received: {len(latents)} tensors")
+            batch_size = ops.shape(latents[0])[0]
         if posterior:
             batch_size = ops.shape(features[0])[0]
+        generative_scores, inference_scores = [None] * L, [None] * L
         kls, log_p, log_q = [], 0.0, 0.0
         dtype = self.compute_dtype
 
@@ -510,18 +528,20 @@ class HierarchicalVAE(ELBOModel):
         prior = DiagonalGaussian.standard(latent_shape)
 
         z = None
-        latents, means = [], []
+        given, latents, means = latents, [], []
         for i in range(L):
             if i == 0:
                 condition = top[..., :P]
                 query = top[..., :ik]
                 prior_raw = None
             else:
-                condition, query, prior_raw, prior = self._prior_step(
+                condition, query, prior_raw, prior, generative_scores[i] = self._prior_step(
                     i, context_values, context_keys, z, training
                 )
-            if posterior:
-                q = self._posterior_step(i, condition, query, prior_raw, features, training)
+            if given is not None:
+                z = ops.convert_to_tensor(given[i], "float32")
+            elif posterior:
+                q, inference_scores[i] = self._posterior_step(i, condition, query, prior_raw, features, training)
                 z = q.sample(seed=self.seed_generator)
                 kls.append(q.kl_divergence(prior))
                 means.append(q.loc)
@@ -543,6 +563,9 @@ class HierarchicalVAE(ELBOModel):
             result["latents"] = latents
             if posterior:
                 result["posterior_means"] = means
+        if return_attention:
+            result["generative_attention"] = generative_scores
+            result["inference_attention"] = inference_scores
         if posterior:
             result["kl_per_layer"] = ops.stack(kls, axis=-1)
             if return_log_probs:
@@ -550,7 +573,7 @@ class HierarchicalVAE(ELBOModel):
         return result
 
     def _prior_step(self, i, context_values, context_keys, z, training):
-        """Layer i >= 1: new context, prior condition (eq. 7-9) and prior."""
+        """Layer i >= 1: new context, prior condition (eq. 7-9), prior and attention weights."""
         P, gk, ik = self._context, self._gk, self._ik
         last = i == self.num_layers - 1
         x = self.merge_decoder[i](ops.concatenate([context_values[-1], z], axis=-1))
@@ -565,13 +588,15 @@ class HierarchicalVAE(ELBOModel):
             query = x[..., P + (0 if last else gk) :]
             if self.context_norms[i] is not None:
                 context = self.context_norms[i](context)
-            attended = self.generative_attends[i](query, list(context_keys), list(context_values))
+            attended, scores = self.generative_attends[i](
+                query, list(context_keys), list(context_values), return_attention_scores=True
+            )
             condition = context + ops.cast(self.generative_gates[i], self.compute_dtype) * attended
             context_values.append(context)
             if key is not None:
                 context_keys.append(key)
         else:
-            condition = context
+            condition, scores = context, None
             context_values.append(context)
         # Earlier contexts are only needed by attention; keep the list short
         # otherwise (the merge reads the last one).
@@ -580,14 +605,14 @@ class HierarchicalVAE(ELBOModel):
         raw_loc, raw_log_scale = self._split_params(self.prior_heads[i](ops.elu(condition)))
         raw_log_scale = self._noisy(raw_log_scale, training)
         prior = DiagonalGaussian.from_raw(raw_loc, raw_log_scale, self.prior_log_scale_bounds)
-        return condition, inference_query, (raw_loc, raw_log_scale), prior
+        return condition, inference_query, (raw_loc, raw_log_scale), prior, scores
 
     def _posterior_step(self, i, condition, query, prior_raw, features, training):
-        """Posterior of layer i: merge with h_i, attention (eq. 11), residual head."""
+        """Posterior of layer i (merge with h_i, attention (eq. 11), residual head) and its attention weights."""
         E, ik = self._values, self._ik
         h = features[i]
         if i == 0:
-            x = self._inference_condition(0, h, query, features, training)
+            x, scores = self._inference_condition(0, h, query, features, training)
             x = self.top_posterior[0](ops.elu(x))
             raw_loc, raw_log_scale = self._split_params(self.top_posterior[1](ops.elu(x)))
         else:
@@ -595,13 +620,13 @@ class HierarchicalVAE(ELBOModel):
             merged = merged + (self.merge_encoder_h[i](h[..., :E]) if ik else h)
             if self.merge_encoder_nonlocal[i] is not None:
                 merged = self.merge_encoder_nonlocal[i](merged, training=training)
-            x = self._inference_condition(i, merged, query, features, training)
+            x, scores = self._inference_condition(i, merged, query, features, training)
             delta_loc, delta_log_scale = self._split_params(self.posterior_heads[i](x))
             prior_loc, prior_log_scale = prior_raw
             raw_loc = prior_loc + delta_loc
             raw_log_scale = prior_log_scale + delta_log_scale
         raw_log_scale = self._noisy(raw_log_scale, training)
-        return DiagonalGaussian.from_raw(raw_loc, raw_log_scale, self.posterior_log_scale_bounds)
+        return DiagonalGaussian.from_raw(raw_loc, raw_log_scale, self.posterior_log_scale_bounds), scores
 
     def _cells_of(self, cells, index):
         n = self.cells_per_layer
@@ -678,7 +703,7 @@ class HierarchicalVAE(ELBOModel):
         result = self.top_down(self.bottom_up(x, training=False), training=False)
         return to_numpy(self._data_mean_or_sample(result["decoded"], mode))
 
-    def sample(self, num_samples, temperature=1.0, mode="mean"):
+    def sample(self, num_samples, temperature=1.0, mode="mean", readjust_batch_norm=False, readjust_steps=20):
         """Draws images from the prior.
 
         Args:
@@ -688,6 +713,13 @@ class HierarchicalVAE(ELBOModel):
             mode: `"mean"` returns the mean of p(x|z) (Bernoulli
                 probabilities, or the mixture mean in [-1, 1]); `"sample"`
                 samples the pixels too.
+            readjust_batch_norm: bool. Re-estimate the batch-norm statistics
+                on `readjust_steps` passes of 100 prior samples at this
+                temperature first (NVAE's `--readjust_bn`, which keeps
+                low-temperature samples from degrading); the model's own
+                statistics are restored afterwards (see
+                `keras_avae.models.batch_norm_statistics`).
+            readjust_steps: positive int, passes for `readjust_batch_norm`.
 
         Returns:
             NumPy float32 array `(num_samples, H, W, C)`.
@@ -696,6 +728,11 @@ class HierarchicalVAE(ELBOModel):
         temperature = check_temperature(temperature)
         if mode not in ("mean", "sample"):
             raise ValueError(f"`mode` must be 'mean' or 'sample'. Received: mode={mode!r}")
+        if not isinstance(readjust_batch_norm, bool):
+            raise ValueError(f"`readjust_batch_norm` must be a bool. Received: readjust_batch_norm={readjust_batch_norm!r}")
+        if readjust_batch_norm:
+            with readjusted_batch_norm(self, temperature, steps=readjust_steps):
+                return self.sample(num_samples, temperature, mode)
         result = self.top_down(batch_size=num_samples, training=False, temperature=temperature)
         return to_numpy(self._data_mean_or_sample(result["decoded"], mode))
 

@@ -117,6 +117,45 @@ class TestNonLocalBlock(TestCase):
         # to every feature, which the reference leaves out.
         self.assertAllClose(block(x), _np_favor_non_local(x, params, features), atol=1e-4, rtol=1e-3)
 
+    def test_attention_map_softmax_is_the_numpy_softmax_row(self):
+        x = _input()
+        block = NonLocalBlock(key_dim=K)
+        block(x)
+        params = _set_random_weights(block, qk_std=0.6)
+        _, theta, phi, _ = _np_projections(x, params)
+        logits = np.einsum("bpk,bqk->bpq", theta, phi)
+        a = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        a /= a.sum(axis=-1, keepdims=True)
+        positions = [(0, 0), (4, 6), (2, 3)]
+        maps = to_numpy(block.attention_map(x, positions))
+        assert maps.shape == (B, 3, H, W)
+        for i, (r, c) in enumerate(positions):
+            self.assertAllClose(maps[:, i].reshape(B, -1), a[:, r * W + c], atol=1e-6, rtol=1e-5)
+
+    @pytest.mark.parametrize("attention", ["softmax", "performer"])
+    def test_attention_map_reproduces_the_block_output(self, attention):
+        # out[p] = x[p] + gamma * sum_q A[p, q] g(x)[q], with the maps as A:
+        # in performer mode these are the FAVOR+ weights the block uses.
+        x = _input()
+        block = NonLocalBlock(key_dim=K, attention=attention, num_random_features=32, seed=3)
+        block(x)
+        params = _set_random_weights(block, qk_std=0.4)
+        _, _, _, g = _np_projections(x, params)
+        positions = [(r, c) for r in range(H) for c in range(W)]
+        maps = to_numpy(block.attention_map(x, positions)).reshape(B, H * W, H * W)
+        self.assertAllClose(maps.sum(axis=-1), np.ones((B, H * W)), atol=1e-5)
+        expected = x.reshape(B, H * W, C) + 0.8 * np.einsum("bpq,bqc->bpc", maps, g)
+        self.assertAllClose(to_numpy(block(x)).reshape(B, H * W, C), expected, atol=1e-4, rtol=1e-4)
+
+    def test_attention_map_rejects_positions_outside(self):
+        x = _input()
+        block = NonLocalBlock(key_dim=K)
+        block(x)
+        with pytest.raises(ValueError, match=r"query_positions.*\[0, 5\) x \[0, 7\).*\(5, 0\)"):
+            block.attention_map(x, [(5, 0)])
+        with pytest.raises(ValueError, match="at least one position"):
+            block.attention_map(x, [])
+
     def test_performer_approaches_softmax(self):
         # Same weights in both modes; FAVOR+'s error falls roughly as m^-1/2.
         x = _input((B, 8, 8, C))
