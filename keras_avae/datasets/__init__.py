@@ -1,4 +1,4 @@
-"""MNIST, OMNIGLOT and CIFAR-10: original-format readers and `tf.data` pipelines.
+"""MNIST, OMNIGLOT, CIFAR-10 and your own images: readers and `tf.data` pipelines.
 
 Two layers:
 
@@ -19,8 +19,17 @@ Two layers:
 
    The first file present wins, in the order listed.
 
+   **Your own images**: a folder with none of these files but with
+   `.png`/`.jpg`/`.jpeg` images (flat, in class subfolders, or in `train/`
+   and `test/` subfolders) is read by `read_image_folder` in the format of
+   the data set it stands in for: float32 `(N, 28, 28, 1)` grey levels in
+   [0, 1] for `"mnist"` and `"omniglot"`, uint8 `(N, 32, 32, 3)` RGB for
+   `"cifar10"`. Images of another size raise a `ValueError` naming the file,
+   unless `resize_images=True` (`load`, `make_dataset`) resizes them.
+
    Labels are int64 `(N,)`: the digit, the CIFAR-10 class, or for OMNIGLOT the
-   alphabet (see `read_omniglot_chardata` and `read_omniglot_105`).
+   alphabet (see `read_omniglot_chardata` and `read_omniglot_105`), or for
+   your own images the class subfolder (see `read_image_folder`).
    Every reader validates what it reads (magic numbers, dimensions, byte
    counts, keys, value ranges) and raises a `ValueError` naming the file and
    the problem; a missing directory or file raises `FileNotFoundError` listing
@@ -48,6 +57,7 @@ has not yet initialised its devices) to keep it from reserving their memory.
 Modules:
 
 - `mnist`, `omniglot`, `cifar10`: one reader module per data set.
+- `image_folder`: `read_image_folder`, a folder of your own PNG/JPEG images.
 - `discovery`: which file of a data set is present (`locate`), `load`, tfds.
 - `binarization`: static and dynamic Bernoulli binarisation.
 - `pipeline`: `make_dataset`, the `tf.data` pipeline; `image_shape`.
@@ -72,6 +82,7 @@ from keras_avae.datasets.common import SPLITS
 from keras_avae.datasets.discovery import load
 from keras_avae.datasets.discovery import locate
 from keras_avae.datasets.discovery import logger
+from keras_avae.datasets.image_folder import read_image_folder
 from keras_avae.datasets.mnist import read_idx
 from keras_avae.datasets.mnist import read_mnist
 from keras_avae.datasets.omniglot import area_downsample

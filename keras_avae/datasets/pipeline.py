@@ -66,6 +66,7 @@ def make_dataset(
     shuffle_buffer_size=None,
     strategy=None,
     input_context=None,
+    resize_images=False,
 ):
     """A `tf.data.Dataset` of image batches in the models' input range.
 
@@ -105,8 +106,9 @@ def make_dataset(
     Args:
         name: `"mnist"`, `"omniglot"` or `"cifar10"`.
         split: `"train"` or `"test"`.
-        data_dir: folder with the original files (see `locate`), or `None`
-            for `tensorflow_datasets` (downloads).
+        data_dir: folder with the original files or with your own PNG/JPEG
+            images (see `locate`), or `None` for `tensorflow_datasets`
+            (downloads).
         batch_size: the **global** batch size: per-replica batch size x
             `strategy.num_replicas_in_sync` under a strategy.
         shuffle: bool; defaults to `True` for train, `False` for test.
@@ -122,6 +124,9 @@ def make_dataset(
         shuffle_buffer_size: defaults to the whole split.
         strategy: a `tf.distribute.Strategy`, or `None`.
         input_context: a `tf.distribute.InputContext`, or `None`.
+        resize_images: bool; for a folder of images, resize those of another
+            size than 28x28 (grey) or 32x32 (RGB) instead of raising (see
+            `read_image_folder`); the original files ignore it.
 
     Returns:
         A `tf.data.Dataset` (a distributed dataset under `strategy`) of
@@ -146,6 +151,7 @@ def make_dataset(
         shuffle_buffer_size=shuffle_buffer_size,
         strategy=strategy,
         input_context=input_context,
+        resize_images=resize_images,
     )
     if strategy is not None and seed is None:
         seed = 0  # Every worker must shuffle, binarise and flip alike.
@@ -153,7 +159,7 @@ def make_dataset(
     drop_remainder = split == "train" if drop_remainder is None else bool(drop_remainder)
     binarize = _resolve_binarize(name, split, binarize)
 
-    images, labels = load(name, data_dir, split)
+    images, labels = load(name, data_dir, split, resize_images=resize_images)
     if limit is not None:
         images, labels = images[:limit], labels[:limit]
     # Grey levels as stored: uint8 0-255 (MNIST) or float32 in [0, 1] (OMNIGLOT).
@@ -195,6 +201,7 @@ def _check_arguments(
     shuffle_buffer_size,
     strategy,
     input_context,
+    resize_images=False,
 ):
     """Raises the `ValueError` of `make_dataset`'s first invalid argument."""
     _check_name(name)
@@ -216,6 +223,8 @@ def _check_arguments(
             "`shuffle_buffer_size` must be a positive int or None. "
             f"Received: shuffle_buffer_size={shuffle_buffer_size!r}"
         )
+    if not isinstance(resize_images, (bool, np.bool_)):
+        raise ValueError(f"`resize_images` must be a bool. Received: resize_images={resize_images!r}")
     if strategy is not None and input_context is not None:
         raise ValueError("Pass `strategy` or `input_context`, not both. Received: both")
     for replicas in (getattr(context, "num_replicas_in_sync", None) for context in (strategy, input_context)):

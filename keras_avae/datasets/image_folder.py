@@ -1,0 +1,196 @@
+"""Your own images: a folder of PNG/JPEG files read as a data set's split.
+
+`read_image_folder` returns `(images, labels)` in the format of the reader
+it stands in for, so `make_dataset` binarises, pads and scales them exactly
+as it does MNIST, OMNIGLOT or CIFAR-10:
+
+- `kind="grey"` (the MNIST and OMNIGLOT entries, Bernoulli pixels):
+  float32 `(N, 28, 28, 1)`, grey levels `brightness / 255` in [0, 1];
+- `kind="rgb"` (the CIFAR-10 entries, logistic-mixture pixels): uint8
+  `(N, 32, 32, 3)`, RGB 0-255.
+
+Layouts: `path/train/` and `path/test/` (each flat or holding class
+subfolders), or a flat folder, or a folder of class subfolders; the last two
+are split by file (about 10% of the files go to `"test"`, chosen by a hash of
+their path, so the split is stable when files are added). Files are the
+`.png`, `.jpg` and `.jpeg` ones (any case), searched recursively; names
+starting with `.` (hidden files and folders) are skipped.
+"""
+
+import hashlib
+import os
+import pathlib
+
+import numpy as np
+import PIL.Image
+import PIL.ImageOps
+
+from keras_avae.datasets.common import _check_split
+
+_SUFFIXES = (".png", ".jpg", ".jpeg")
+# kind -> (width, height, channels) of the reader it stands in for.
+_KINDS = {"grey": (28, 28, 1), "rgb": (32, 32, 3)}
+# The share of the files the hash split sends to "test".
+_TEST_FRACTION = 0.1
+# Modes Pillow gives 16-bit grey images (`convert` would clip them to 255).
+_SIXTEEN_BIT = ("I", "I;16", "I;16B", "I;16L", "I;16N")
+
+
+def _image_files(folder):
+    """Relative POSIX paths of the image files under `folder`, sorted, hidden names skipped."""
+    found = []
+    for directory, subfolders, files in os.walk(folder):
+        subfolders[:] = [d for d in subfolders if not d.startswith(".")]
+        rel = pathlib.PurePosixPath(pathlib.Path(directory).relative_to(folder).as_posix())
+        found.extend(rel / f for f in files if not f.startswith(".") and f.lower().endswith(_SUFFIXES))
+    return sorted(found, key=lambda p: p.parts)
+
+
+def _has_images(folder):
+    """Whether `folder` holds an image file, directly or in a subfolder."""
+    for _, subfolders, files in os.walk(folder):
+        subfolders[:] = [d for d in subfolders if not d.startswith(".")]
+        if any(not f.startswith(".") and f.lower().endswith(_SUFFIXES) for f in files):
+            return True
+    return False
+
+
+def _in_test_split(relative_path):
+    """The hash split: SHA-1 of the path relative to the folder, in the first 10% of the range."""
+    digest = hashlib.sha1(str(relative_path).encode("utf-8")).digest()
+    return int.from_bytes(digest[:4], "big") < _TEST_FRACTION * 2**32
+
+
+def _split_files(root, split):
+    """`(folder, files, classes)`: the split's folder, its image files relative to it, the class names."""
+    present = [s for s in ("train", "test") if (root / s).is_dir()]
+    if len(present) == 2:
+        files = _image_files(root / split)
+        if not files:
+            raise ValueError(f"{root / split}: no image files ({', '.join(_SUFFIXES)}) for the {split} split.")
+        both = files + _image_files(root / ("test" if split == "train" else "train"))
+        return root / split, files, sorted({_class_of(f) for f in both})
+    if present:
+        missing = "test" if present == ["train"] else "train"
+        raise ValueError(
+            f"{root} has a {present[0]}/ folder but no {missing}/ folder. Use both train/ and test/, or "
+            f"neither (a flat folder or class subfolders, split by file hash). Received: path={str(root)!r}"
+        )
+    every = _image_files(root)
+    if not every:
+        raise ValueError(f"{root}: no image files ({', '.join(_SUFFIXES)}). Received: path={str(root)!r}")
+    files = [f for f in every if _in_test_split(f) == (split == "test")]
+    if not files:
+        raise ValueError(
+            f"{root}: none of its {len(every)} image files falls in the {split} split (about "
+            f"{_TEST_FRACTION:.0%} go to test, by a hash of the file path). Add images, or put them in "
+            f"train/ and test/ subfolders. Received: path={str(root)!r}, split={split!r}"
+        )
+    return root, files, sorted({_class_of(f) for f in every})
+
+
+def _class_of(relative_path):
+    """The class subfolder (the first folder of the path), `""` for a file directly in the folder."""
+    return relative_path.parts[0] if len(relative_path.parts) > 1 else ""
+
+
+def _read_image(file, kind, resize):
+    """One image as float32 `(28, 28)` in [0, 1] (grey) or uint8 `(32, 32, 3)` (rgb)."""
+    width, height, _ = _KINDS[kind]
+    try:
+        with PIL.Image.open(file) as image:
+            image = PIL.ImageOps.exif_transpose(image)  # Camera JPEGs: as they are shown.
+            image.load()
+    except Exception as e:
+        raise ValueError(f"{file}: not a readable PNG/JPEG image ({type(e).__name__}: {e}).") from e
+    if image.size != (width, height) and not resize:
+        raise ValueError(
+            f"{file}: the image is {image.size[0]}x{image.size[1]} pixels but the {kind} entries need "
+            f"{width}x{height} (width x height). Pass resize=True (`--resize-images` on the command line) "
+            f"to resize every image to {width}x{height}, or resize the files."
+        )
+    # Area averaging when shrinking (as OMNIGLOT's 105 -> 28), Lanczos when enlarging.
+    shrinking = image.size[0] >= width and image.size[1] >= height
+    resample = PIL.Image.Resampling.BOX if shrinking else PIL.Image.Resampling.LANCZOS
+    if kind == "grey":
+        if image.mode in _SIXTEEN_BIT:
+            grey = np.asarray(image, dtype=np.float32) / np.float32(65535)
+        else:
+            grey = np.asarray(image.convert("L"), dtype=np.float32) / np.float32(255)
+        if image.size != (width, height):
+            resized = PIL.Image.fromarray(grey).resize((width, height), resample)
+            grey = np.clip(np.asarray(resized, dtype=np.float32), 0.0, 1.0)
+        return grey
+    if image.mode in _SIXTEEN_BIT:
+        image = PIL.Image.fromarray(np.round(np.asarray(image, dtype=np.float64) / 257).astype(np.uint8))
+    image = image.convert("RGB")
+    if image.size != (width, height):
+        image = image.resize((width, height), resample)
+    return np.asarray(image, dtype=np.uint8)
+
+
+def read_image_folder(path, split, kind, resize=False):
+    """Reads a split of a folder of your own PNG/JPEG images.
+
+    Layouts:
+
+    - `path/train/` and `path/test/`: the split is its folder (searched
+      recursively).
+    - Otherwise (a flat folder, or a folder of class subfolders), every image
+      file is assigned to a split by the SHA-1 hash of its path relative to
+      `path`: about 10% go to `"test"`, the rest to `"train"`. The split is
+      deterministic and stays the same for every file when files are added
+      (renaming or moving a file may move it to the other split).
+
+    Files are `.png`, `.jpg` and `.jpeg` (any case), in sorted path order;
+    names starting with `.` are skipped. JPEG EXIF rotations are applied and
+    transparency is dropped. Grey levels are the brightness (`convert("L")`,
+    16-bit images scaled by 65535): bright = 1, as MNIST's white strokes on
+    black, so invert black-on-white scans first (e.g.
+    `PIL.ImageOps.invert`). Images must have the target size (28x28 grey,
+    32x32 RGB) unless `resize=True`, which resizes them (stretched, not
+    cropped: area averaging when shrinking, Lanczos when enlarging).
+
+    Args:
+        path: the folder.
+        split: `"train"` or `"test"`.
+        kind: `"grey"` for the MNIST and OMNIGLOT entries (binarised to
+            Bernoulli pixels by `make_dataset`) or `"rgb"` for the CIFAR-10
+            entries (scaled to [-1, 1]).
+        resize: bool; resize images of another size instead of raising.
+
+    Returns:
+        `(images, labels)`: float32 `(N, 28, 28, 1)` grey levels in [0, 1]
+        (`kind="grey"`) or uint8 `(N, 32, 32, 3)` RGB 0-255 (`kind="rgb"`),
+        and int64 `(N,)` labels: the index of the image's class subfolder
+        (its first folder below the split's folder) among the sorted class
+        names of both splits, files directly in the folder counting as a
+        class named `""` (so without subfolders every label is 0).
+
+    Raises:
+        FileNotFoundError: `path` is not a directory.
+        ValueError: a file that is not a readable image, an image of another
+            size (without `resize`), or a split without images; the message
+            names the file or folder.
+
+    Example:
+
+    >>> images, labels = read_image_folder("my_digits", "train", "grey")  # doctest: +SKIP
+    >>> images.shape, images.dtype                                        # doctest: +SKIP
+    ((1800, 28, 28, 1), dtype('float32'))
+    """
+    _check_split(split)
+    if kind not in _KINDS:
+        raise ValueError(f"`kind` must be one of {tuple(_KINDS)}. Received: kind={kind!r}")
+    if not isinstance(resize, (bool, np.bool_)):
+        raise ValueError(f"`resize` must be a bool. Received: resize={resize!r}")
+    root = pathlib.Path(path).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"`path` is not a directory. Received: path={str(path)!r}")
+    folder, files, classes = _split_files(root, split)
+    images = np.stack([_read_image(folder / f, kind, resize) for f in files])
+    index = {name: i for i, name in enumerate(classes)}
+    labels = np.array([index[_class_of(f)] for f in files], dtype=np.int64)
+    if kind == "grey":
+        images = images[..., None]
+    return images, labels

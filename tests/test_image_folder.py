@@ -1,0 +1,285 @@
+"""Tests of folders of your own PNG/JPEG images (`read_image_folder`, `--data-dir`).
+
+Every test writes its own tiny images with Pillow into `tmp_path`.
+"""
+
+import json
+import logging
+import math
+
+import numpy as np
+import PIL.Image
+import pytest
+
+from keras_avae import datasets
+from tests.test_cli import BACKEND
+from tests.test_cli import TINY_SETS
+from tests.test_cli import assert_one_line_error
+from tests.test_cli import run_main
+from tests.test_cli import sets
+from tests.test_datasets import batches
+from tests.test_datasets import make_mnist_dir
+
+
+def write_images(folder, n, size=(28, 28), rgb=False, seed=0, prefix="img", suffix=".png"):
+    """`n` random images `{prefix}_{i:03d}{suffix}`; pixel (0, 0) (red in RGB) holds `i`, to tell them apart.
+
+    Returns `{relative file name: array}`.
+    """
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    shape = (size[1], size[0], 3) if rgb else (size[1], size[0])
+    written = {}
+    for i in range(n):
+        array = rng.integers(0, 256, shape, dtype=np.uint8)
+        array[0, 0] = i
+        name = f"{prefix}_{i:03d}{suffix}"
+        PIL.Image.fromarray(array).save(folder / name)
+        written[name] = array
+    return written
+
+
+def ids(images):
+    """The ids written at pixel (0, 0) (grey levels in [0, 1] or RGB bytes)."""
+    first = images[:, 0, 0, 0]
+    return sorted(np.round(first * 255).astype(int).tolist() if first.dtype == np.float32 else first.tolist())
+
+
+# ---------------------------------------------------------------------------
+# The reader
+# ---------------------------------------------------------------------------
+
+
+def test_grey_levels_read_back_exactly(tmp_path):
+    written = write_images(tmp_path, 40)
+    parts = [datasets.read_image_folder(tmp_path, split, "grey") for split in ("train", "test")]
+    images = np.concatenate([p[0] for p in parts])
+    labels = np.concatenate([p[1] for p in parts])
+    assert images.dtype == np.float32 and images.shape == (40, 28, 28, 1)
+    assert labels.dtype == np.int64 and np.all(labels == 0)  # no class subfolders
+    expected = {array[0, 0]: array for array in written.values()}
+    for image in images:
+        i = int(round(float(image[0, 0, 0]) * 255))
+        np.testing.assert_array_equal(image[..., 0], expected[i].astype(np.float32) / np.float32(255))
+    # Sorted by file name within a split.
+    train_ids = [int(round(float(v) * 255)) for v in parts[0][0][:, 0, 0, 0]]
+    assert train_ids == sorted(train_ids)
+
+
+def test_rgb_bytes_read_back_exactly_from_train_and_test_folders(tmp_path):
+    train = write_images(tmp_path / "train", 6, size=(32, 32), rgb=True, seed=1)
+    test = write_images(tmp_path / "test", 3, size=(32, 32), rgb=True, seed=2, suffix=".PNG")
+    for split, written in (("train", train), ("test", test)):
+        images, labels = datasets.read_image_folder(tmp_path, split, "rgb")
+        assert images.dtype == np.uint8 and images.shape == (len(written), 32, 32, 3)
+        np.testing.assert_array_equal(images, np.stack([written[name] for name in sorted(written)]))
+        assert labels.tolist() == [0] * len(written)
+    # RGB files for a grey entry: converted to brightness, Pillow's "L" conversion.
+    rgb = PIL.Image.fromarray(train["img_000.png"])
+    small = tmp_path / "grey"
+    (small / "train").mkdir(parents=True)
+    (small / "test").mkdir()
+    rgb.resize((28, 28)).save(small / "train" / "a.png")
+    rgb.resize((28, 28)).save(small / "test" / "a.jpeg", quality=95)
+    grey, _ = datasets.read_image_folder(small, "train", "grey")
+    expected = np.asarray(rgb.resize((28, 28)).convert("L"), np.float32) / np.float32(255)
+    np.testing.assert_array_equal(grey[0, ..., 0], expected)
+    jpeg, _ = datasets.read_image_folder(small, "test", "grey")
+    assert jpeg.shape == (1, 28, 28, 1) and 0 <= jpeg.min() and jpeg.max() <= 1
+
+
+def test_hash_split_is_deterministic_disjoint_and_stable(tmp_path):
+    write_images(tmp_path, 200)
+    (tmp_path / "notes.txt").write_text("not an image")
+    (tmp_path / ".hidden.png").write_bytes(b"not an image either")
+    train, _ = datasets.read_image_folder(tmp_path, "train", "grey")
+    test, _ = datasets.read_image_folder(tmp_path, "test", "grey")
+    train_ids, test_ids = ids(train), ids(test)
+    assert not set(train_ids) & set(test_ids)
+    assert sorted(train_ids + test_ids) == list(range(200))
+    assert 8 <= len(test_ids) <= 36, len(test_ids)  # about 10% of 200
+    again, _ = datasets.read_image_folder(tmp_path, "test", "grey")
+    assert ids(again) == test_ids
+    # New files do not move the old ones ("img_..." sorts before "new_...").
+    write_images(tmp_path, 100, prefix="new", seed=5)
+    more_train, _ = datasets.read_image_folder(tmp_path, "train", "grey")
+    more_test, _ = datasets.read_image_folder(tmp_path, "test", "grey")
+    assert len(more_train) + len(more_test) == 300 and len(more_test) > len(test)
+    np.testing.assert_array_equal(more_train[: len(train)], train)
+    np.testing.assert_array_equal(more_test[: len(test)], test)
+
+
+def test_class_labels_from_subfolders(tmp_path):
+    for c, name in enumerate(["cat", "dog", "zebra"]):
+        write_images(tmp_path / "flat" / name, 30, seed=c, prefix=name)
+    seen = {}
+    for split in ("train", "test"):
+        images, labels = datasets.read_image_folder(tmp_path / "flat", split, "grey")
+        for image, label in zip(images, labels):
+            seen.setdefault(int(label), []).append(image)
+    assert sorted(seen) == [0, 1, 2] and sum(len(v) for v in seen.values()) == 90
+    # The labels follow the sorted class names; the test split misses "b":
+    # the indices still count it.
+    write_images(tmp_path / "split" / "train" / "a", 2, seed=3)
+    write_images(tmp_path / "split" / "train" / "b", 2, seed=4)
+    write_images(tmp_path / "split" / "train" / "c", 2, seed=5)
+    write_images(tmp_path / "split" / "test" / "a", 1, seed=6)
+    write_images(tmp_path / "split" / "test" / "c" / "deeper", 1, seed=7)
+    _, train_labels = datasets.read_image_folder(tmp_path / "split", "train", "grey")
+    _, test_labels = datasets.read_image_folder(tmp_path / "split", "test", "grey")
+    assert train_labels.tolist() == [0, 0, 1, 1, 2, 2] and test_labels.tolist() == [0, 2]
+    # Files directly in the split's folder form the class "" (index 0).
+    write_images(tmp_path / "split" / "test", 1, seed=8, prefix="loose")
+    _, test_labels = datasets.read_image_folder(tmp_path / "split", "test", "grey")
+    assert test_labels.tolist() == [1, 3, 0]
+
+
+def test_wrong_size_raises_unless_resized(tmp_path):
+    write_images(tmp_path / "train", 2, size=(56, 56))
+    write_images(tmp_path / "test", 1, size=(30, 28))
+    with pytest.raises(ValueError, match=r"img_000\.png: the image is 30x28 pixels.*28x28.*resize=True.*--resize-images"):
+        datasets.read_image_folder(tmp_path, "test", "grey")
+    images, _ = datasets.read_image_folder(tmp_path, "test", "grey", resize=True)
+    assert images.shape == (1, 28, 28, 1) and images.min() >= 0 and images.max() <= 1
+    # Halving by area averaging: 2x2 blocks of one value give that value back.
+    block = np.random.default_rng(0).integers(0, 256, (28, 28), dtype=np.uint8)
+    PIL.Image.fromarray(np.kron(block, np.ones((2, 2), np.uint8))).save(tmp_path / "train" / "img_000.png")
+    images, _ = datasets.read_image_folder(tmp_path, "train", "grey", resize=True)
+    assert images.shape == (2, 28, 28, 1)
+    np.testing.assert_allclose(images[0, ..., 0], block / 255, atol=1e-6)
+    rgb = np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    PIL.Image.fromarray(np.repeat(np.repeat(rgb, 2, 0), 2, 1)).save(tmp_path / "train" / "img_000.png")
+    with pytest.raises(ValueError, match=r"img_000\.png: the image is 64x64 pixels.*32x32"):
+        datasets.read_image_folder(tmp_path, "train", "rgb")
+    images, _ = datasets.read_image_folder(tmp_path, "train", "rgb", resize=True)
+    assert images.shape == (2, 32, 32, 3) and images.dtype == np.uint8
+    np.testing.assert_array_equal(images[0], rgb)
+
+
+def test_unreadable_files_and_bad_arguments(tmp_path):
+    write_images(tmp_path / "train", 2)
+    write_images(tmp_path / "test", 1)
+    (tmp_path / "train" / "broken.png").write_bytes(b"not a png at all")
+    with pytest.raises(ValueError, match=r"broken\.png: not a readable PNG/JPEG image"):
+        datasets.read_image_folder(tmp_path, "train", "grey")
+    good = (tmp_path / "test" / "img_000.png").read_bytes()
+    (tmp_path / "train" / "broken.png").write_bytes(good[: len(good) // 2])  # truncated
+    with pytest.raises(ValueError, match=r"broken\.png: not a readable"):
+        datasets.read_image_folder(tmp_path, "train", "grey")
+    with pytest.raises(ValueError, match=r"`kind` must be one of \('grey', 'rgb'\). Received: kind='bw'"):
+        datasets.read_image_folder(tmp_path, "test", "bw")
+    with pytest.raises(ValueError, match=r"split="):
+        datasets.read_image_folder(tmp_path, "valid", "grey")
+    with pytest.raises(ValueError, match=r"resize='yes'"):
+        datasets.read_image_folder(tmp_path, "test", "grey", resize="yes")
+    with pytest.raises(FileNotFoundError, match=r"not a directory. Received: path='.*nowhere'"):
+        datasets.read_image_folder(tmp_path / "nowhere", "test", "grey")
+
+
+def test_empty_splits_raise(tmp_path):
+    write_images(tmp_path / "one", 1)
+    outcomes = []
+    for split in ("train", "test"):
+        try:
+            outcomes.append(len(datasets.read_image_folder(tmp_path / "one", split, "grey")[0]))
+        except ValueError as e:
+            assert "none of its 1 image files falls in the" in str(e) and "train/ and test/" in str(e)
+            outcomes.append(None)
+    assert sorted(outcomes, key=str) == [1, None]
+    write_images(tmp_path / "layout" / "train", 2)
+    with pytest.raises(ValueError, match=r"has a train/ folder but no test/ folder"):
+        datasets.read_image_folder(tmp_path / "layout", "train", "grey")
+    (tmp_path / "layout" / "test").mkdir()
+    with pytest.raises(ValueError, match=r"test: no image files \(\.png, \.jpg, \.jpeg\) for the test split"):
+        datasets.read_image_folder(tmp_path / "layout", "test", "grey")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"empty: no image files"):
+        datasets.read_image_folder(tmp_path / "empty", "test", "grey")
+
+
+# ---------------------------------------------------------------------------
+# Discovery and pipelines
+# ---------------------------------------------------------------------------
+
+
+def test_locate_prefers_original_files_then_the_named_subfolder(tmp_path, caplog):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"train-images-idx3-ubyte\.gz.*image files \(\.png, \.jpg, \.jpeg"):
+        datasets.locate("mnist", tmp_path / "empty")
+    write_images(tmp_path / "own" / "train", 2)
+    write_images(tmp_path / "own" / "test", 1)
+    assert datasets.locate("mnist", tmp_path / "own") == (datasets.read_image_folder, tmp_path / "own")
+    with caplog.at_level(logging.INFO, logger="keras_avae.datasets"):
+        images, _ = datasets.load("omniglot", tmp_path / "own", "test")
+    assert images.dtype == np.float32 and images.shape == (1, 28, 28, 1)
+    assert "image folder" in caplog.text and str(tmp_path / "own") in caplog.text
+    # The original files win over images in the same folder.
+    make_mnist_dir(tmp_path / "own", n_train=3, n_test=2)
+    assert datasets.locate("mnist", tmp_path / "own")[0] is datasets.read_mnist
+    # A folder holding mnist/ and cifar10/ image folders serves both.
+    write_images(tmp_path / "both" / "mnist", 30)
+    write_images(tmp_path / "both" / "cifar10", 30, size=(32, 32), rgb=True)
+    assert datasets.locate("mnist", tmp_path / "both")[1] == tmp_path / "both" / "mnist"
+    assert datasets.locate("cifar10", tmp_path / "both")[1] == tmp_path / "both" / "cifar10"
+    assert datasets.load("cifar10", tmp_path / "both", "train")[0].shape[1:] == (32, 32, 3)
+
+
+def test_make_dataset_binarises_grey_images_and_scales_rgb(tmp_path):
+    grey = write_images(tmp_path / "grey" / "train", 16)
+    write_images(tmp_path / "grey" / "test", 4)
+    train = batches(datasets.make_dataset("mnist", "train", tmp_path / "grey", batch_size=4, seed=0))
+    assert [b.shape for b in train] == [(4, 32, 32, 1)] * 4
+    assert set(np.unique(np.concatenate(train)).tolist()) == {0.0, 1.0}
+    levels = batches(datasets.make_dataset("mnist", "train", tmp_path / "grey", 4, shuffle=False, binarize=None))
+    expected = np.stack([grey[name] for name in sorted(grey)]).astype(np.float32) / np.float32(255)
+    np.testing.assert_array_equal(np.concatenate(levels)[:, 2:30, 2:30, 0], expected)
+
+    rgb = write_images(tmp_path / "rgb" / "train", 4, size=(32, 32), rgb=True)
+    write_images(tmp_path / "rgb" / "test", 4, size=(32, 32), rgb=True, seed=9)
+    (x,) = batches(datasets.make_dataset("cifar10", "train", tmp_path / "rgb", 4, shuffle=False))
+    k = np.stack([rgb[name] for name in sorted(rgb)]).astype(np.float32)
+    np.testing.assert_array_equal(x, k / np.float32(127.5) - np.float32(1))
+    assert x.min() >= -1 and x.max() <= 1
+
+    write_images(tmp_path / "big" / "train", 4, size=(64, 64), rgb=True)
+    write_images(tmp_path / "big" / "test", 1, size=(64, 64), rgb=True)
+    with pytest.raises(ValueError, match=r"64x64 pixels.*resize"):
+        datasets.make_dataset("cifar10", "test", tmp_path / "big")
+    (x,) = batches(datasets.make_dataset("cifar10", "test", tmp_path / "big", 4, resize_images=True))
+    assert x.shape == (1, 32, 32, 3)
+    with pytest.raises(ValueError, match=r"Received: resize_images=1"):
+        datasets.make_dataset("cifar10", "test", tmp_path / "big", resize_images=1)
+
+
+# ---------------------------------------------------------------------------
+# The command line
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND == "torch", reason="zoo models are supported on TensorFlow and JAX")
+def test_train_and_evaluate_on_an_image_folder(tmp_path, capsys):
+    data = tmp_path / "digits"
+    written = write_images(data, 60)
+    write_images(data, 4, size=(56, 56), prefix="large")
+    out = tmp_path / "run"
+    train = ["train", "mnist-baseline-small", "--data-dir", str(data), "--output", str(out), "--epochs", "1"]
+    train += ["--steps-per-epoch", "2", "--batch-size", "4", "--verbose", "0"]
+    train += sets(TINY_SETS + ["warmup_epochs=1", "kl_warmup_epochs=1"])
+    # The 56x56 images: refused, in one line naming one, until --resize-images.
+    status, _, err = run_main(train, capsys)
+    assert status == 2
+    assert_one_line_error(err, "ValueError", "large_", "56x56", "28x28", "--resize-images")
+    status, _, err = run_main(train + ["--resize-images"], capsys)
+    assert status == 0, err
+    run = json.loads((out / "run.json").read_text())
+    assert run["data"]["source"] == "image_folder" and run["data"]["resize_images"] is True
+
+    evaluate = ["evaluate", "mnist-baseline-small", "--weights", str(out / "model.weights.h5")]
+    evaluate += ["--data-dir", str(data), "--num-samples", "2", "--batch-size", "2", "--resize-images"]
+    status, printed, err = run_main(evaluate + sets(TINY_SETS), capsys)
+    assert status == 0, err
+    result = json.loads(printed)
+    test_images = len(datasets.read_image_folder(data, "test", "grey", resize=True)[0])
+    assert 0 < result["num_examples"] == test_images < len(written) + 4
+    assert math.isfinite(result["nll_nats"]) and result["nll_nats"] > 0
