@@ -1,4 +1,4 @@
-"""The `keras-avae` command line: `train`, `evaluate`, `sample`, `zoo`, `demo`.
+"""The `keras-avae` command line: `train`, `evaluate`, `sample`, `zoo`, `demo`, `report`.
 
     keras-avae demo                      # offline: pretrained model, shipped MNIST sample
     keras-avae zoo
@@ -6,13 +6,14 @@
     keras-avae evaluate mnist-attentive-small --weights runs/att/model.weights.h5 \\
         --data-dir DATA/mnist --num-samples 100 --limit 1000
     keras-avae sample mnist-attentive-small --weights pretrained --out samples.png
+    keras-avae report mnist-attentive-small --weights pretrained --data-dir DATA/mnist --out report
 
 Every error a user can cause (unknown entry, bad flag or value, missing or
 corrupt file) ends the program with status 2 and one line on stderr, no
 traceback. `--weights pretrained` loads the weights shipped with an entry.
 
 Keras and the backend are imported only by the commands that compute
-(`train`, `evaluate`, `sample`, `demo`), after their arguments are checked,
+(`train`, `evaluate`, `sample`, `demo`, `report`), after their arguments are checked,
 so `--help`, `zoo` and argument errors answer at once. Their start-up log
 lines (TensorFlow's oneDNN and CUDA notices) are hidden unless
 `--backend-logs` is given or `TF_CPP_MIN_LOG_LEVEL` is set to 0.
@@ -29,6 +30,11 @@ import sys
 import time
 
 _STRATEGIES = ("auto", "mirrored", "multi-worker", "one-device")
+_DATA_DIR_HELP = "folder with the original data files, or with your own PNG/JPEG images"
+_RESIZE_HELP = (
+    "with --data-dir a folder of images: resize images of another size than the entry's (28x28 grey, "
+    "32x32 RGB) instead of refusing them"
+)
 
 
 class UsageError(Exception):
@@ -115,7 +121,7 @@ def _build_parser():
         "train", parents=[backend], help="train a zoo entry (resumes a killed run in --output)"
     )
     train.add_argument("name", help="zoo entry, see `keras-avae zoo`")
-    train.add_argument("--data-dir", required=True, help="folder with the original data files")
+    train.add_argument("--data-dir", required=True, help=_DATA_DIR_HELP)
     train.add_argument("--output", required=True, help="run folder: checkpoints, logs, PNGs, final model")
     train.add_argument("--epochs", type=_positive(int), help="total epochs (default: the entry's recipe)")
     train.add_argument(
@@ -152,6 +158,7 @@ def _build_parser():
         "(default: KERAS_DISTRIBUTION_PROCESS_ID)",
     )
     train.add_argument("--limit", type=_positive(int), help="use only the first N training images (default: all)")
+    train.add_argument("--resize-images", action="store_true", help=_RESIZE_HELP)
     train.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
     train.add_argument(
         "--deterministic",
@@ -170,10 +177,11 @@ def _build_parser():
     )
     evaluate.add_argument("name", help="zoo entry, see `keras-avae zoo`")
     evaluate.add_argument("--weights", required=True, help="a .weights.h5 file, or 'pretrained'")
-    evaluate.add_argument("--data-dir", required=True, help="folder with the original data files")
+    evaluate.add_argument("--data-dir", required=True, help=_DATA_DIR_HELP)
     evaluate.add_argument("--split", choices=("test", "train"), default="test", help="data split")
     evaluate.add_argument("--num-samples", type=_positive(int), default=100, help="K importance samples")
     evaluate.add_argument("--limit", type=_positive(int), help="the first N examples of the split (default: all)")
+    evaluate.add_argument("--resize-images", action="store_true", help=_RESIZE_HELP)
     evaluate.add_argument("--batch-size", type=_positive(int), default=25, help="images per pass")
     evaluate.add_argument("--seed", type=int, default=0, help="binarisation and sampling seed")
     evaluate.add_argument("--set", action="append", metavar="KEY=VALUE", help=_set_help("a model config value"))
@@ -204,7 +212,29 @@ def _build_parser():
     demo.add_argument("--num-images", type=_positive(int), default=100, help="1 to 100 shipped test images")
     demo.add_argument("--num-samples", type=_positive(int), default=100, help="K importance samples")
     demo.add_argument("--seed", type=int, default=0, help="sampling seed")
+    _add_report_parser(commands, backend)
     return parser
+
+
+def _add_report_parser(commands, backend):
+    report = commands.add_parser(
+        "report", parents=[backend], help="offline HTML page of figures: KL, attention, samples, curves"
+    )
+    report.add_argument("name", help="zoo entry (a hierarchical VAE), see `keras-avae zoo`")
+    report.add_argument("--weights", required=True, help="a .weights.h5 file, or 'pretrained'")
+    report.add_argument("--data-dir", required=True, help=_DATA_DIR_HELP)
+    report.add_argument("--out", required=True, help="report folder: index.html, a PNG and a JSON per figure")
+    report.add_argument("--run", metavar="RUN_DIR", help="run folder whose history.csv gives training curves "
+                        "(default: no curves)")
+    report.add_argument("--split", choices=("test", "train"), default="test", help="data split")
+    report.add_argument("--num-images", type=_positive(int), default=500, help="the first N images of the split")
+    report.add_argument("--resize-images", action="store_true", help=_RESIZE_HELP)
+    report.add_argument("--temperatures", type=_positive(float), nargs="+",
+                        help="sampling temperatures (default: 0.6 0.8 1.0)")
+    report.add_argument("--num-samples", type=_positive(int), default=25, help="samples per grid")
+    report.add_argument("--batch-size", type=_positive(int), default=100, help="images per pass")
+    report.add_argument("--seed", type=int, default=0, help="binarisation and sampling seed")
+    report.add_argument("--set", action="append", metavar="KEY=VALUE", help=_set_help("a model config value"))
 
 
 @contextlib.contextmanager
@@ -318,7 +348,10 @@ def _cmd_train(args):
     replicas = training.num_replicas(strategy)
     global_batch = (args.batch_size or recipe["batch_size_per_replica"]) * replicas
     data = zoo.describe(args.name)["dataset"]
-    examples = len(datasets.load(data, args.data_dir, "train")[0])
+    examples = len(datasets.load(data, args.data_dir, "train", resize_images=args.resize_images)[0])
+    data_info = {"dataset": data, "limit": args.limit, "seed": args.seed}
+    if datasets.locate(data, args.data_dir, "train")[0] is datasets.read_image_folder:
+        data_info.update(source="image_folder", resize_images=args.resize_images)
     batches = min(examples, args.limit or examples) // global_batch  # full batches only
     steps = args.steps_per_epoch or recipe.get("steps_per_epoch") or max(1, batches)
     _check_enough_data(args.limit, examples, global_batch, steps)
@@ -335,6 +368,7 @@ def _cmd_train(args):
         # each global batch over the devices and processes.
         strategy=strategy if training.BACKEND == "tensorflow" else None,
         repeat=steps < batches,
+        resize_images=args.resize_images,
     )
     start = time.time()
     training.train(
@@ -348,7 +382,7 @@ def _cmd_train(args):
         config_overrides=config_overrides,
         save_freq=save_freq,
         verbose=args.verbose,
-        data_info={"dataset": data, "limit": args.limit, "seed": args.seed},
+        data_info=data_info,
         seed=args.seed,
         deterministic=args.deterministic,
         **recipe_overrides,
@@ -388,7 +422,14 @@ def _cmd_evaluate(args):
     data = zoo.describe(args.name)["dataset"]
     # Static binarisation with a fixed seed: the same binary test set every run.
     test = datasets.make_dataset(
-        data, args.split, args.data_dir, args.batch_size, shuffle=False, seed=args.seed, limit=args.limit
+        data,
+        args.split,
+        args.data_dir,
+        args.batch_size,
+        shuffle=False,
+        seed=args.seed,
+        limit=args.limit,
+        resize_images=args.resize_images,
     )
     weights = zoo.pretrained_path(args.name) if args.weights == "pretrained" else args.weights
     with open(weights, "rb") as f:
@@ -517,6 +558,36 @@ def _cmd_demo(args):
     print(f"Done in {time.time() - start:.0f} s")
 
 
+def _cmd_report(args):
+    from keras_avae import zoo
+
+    _check_name(args.name)
+    if zoo.describe(args.name)["family"] != "hierarchical_vae":
+        raise UsageError(f"report needs a hierarchical VAE (KL per layer, attention); {args.name} is a "
+                         f"{zoo.describe(args.name)['family']}. Received: {args.name!r}")
+    _check_dir(args.data_dir, "--data-dir")
+    if args.run is not None and not os.path.isfile(os.path.join(args.run, "history.csv")):
+        raise UsageError(f"--run: no history.csv in the run folder: {os.path.join(args.run, 'history.csv')!r}")
+    _check_weights(args)
+    _parse_sets(args.set)
+    _import_backend(args, tensorflow=True)
+    from keras_avae import report
+
+    model = _load_model(args)
+    data = zoo.describe(args.name)["dataset"]
+    images, source = report.load_images(
+        data, args.data_dir, args.split, args.num_images, seed=args.seed, resize_images=args.resize_images
+    )
+    info = {"weights": args.weights, "images": source, "settings": " ".join(args.set or []) or "the entry's"}
+    temperatures = args.temperatures or (0.6, 0.8, 1.0)
+    written = report.write_report(
+        model, images, args.out, run_dir=args.run, name=args.name, temperatures=temperatures,
+        num_samples=args.num_samples, seed=args.seed, batch_size=args.batch_size, info=info,
+    )
+    print(f"Wrote {written['index']}: {len(written['figures'])} figures, {len(written['skipped'])} left out "
+          f"({', '.join(written['skipped']) or 'none'}), {written['seconds']:.0f} s", file=sys.stderr)
+
+
 def _backend():
     import keras
 
@@ -529,6 +600,7 @@ _COMMANDS = {
     "evaluate": _cmd_evaluate,
     "sample": _cmd_sample,
     "demo": _cmd_demo,
+    "report": _cmd_report,
 }
 
 

@@ -79,20 +79,24 @@ def kl_per_layer(model, x, batch_size=100):
     ).astype(np.float32)
 
 
-def active_units(model, x, threshold=0.01, batch_size=100):
+def active_units(model, x, threshold=0.01, num_samples=8, batch_size=100):
     """Active latent units per layer: `Var_x(E_q[z_u | x]) > threshold` (Burda et al., 2016).
 
     A unit is one scalar of a layer's latent map `(h, w, c)`. Its activity
     is the variance over the images of its posterior mean; an inactive unit
     encodes the same value whatever the image. The posterior of layer l >= 1
-    is conditioned on the layers above, so its mean is taken at one
-    posterior sample of `z_<l` per image (what `encode` returns).
+    is conditioned on the layers above: `E_q[z_l | x]` is estimated as the
+    average of its posterior means at `num_samples` posterior samples of
+    `z_<l` (with one sample, the sampling noise of the layers above would
+    count as activity).
 
     Args:
         model: a `HierarchicalVAE`.
         x: images, `(N, H, W, C)` with N >= 2.
         threshold: non-negative float. Defaults to `0.01` (Burda et al.).
-        batch_size: positive int, images per pass.
+        num_samples: positive int, posterior samples per image.
+        batch_size: positive int, images per pass (each repeated
+            `num_samples` times).
 
     Returns:
         A dict: `"active"` int64 `(L,)`, the active units of each layer;
@@ -111,7 +115,11 @@ def active_units(model, x, threshold=0.01, batch_size=100):
         raise ValueError(f"`x` must hold at least 2 images to measure a variance. Received: {len(x)} image")
     if not (isinstance(threshold, (int, float)) and np.isfinite(threshold) and threshold >= 0):
         raise ValueError(f"`threshold` must be a non-negative number. Received: threshold={threshold!r}")
-    means = [model.encode(b) for b in _batches(x, batch_size)]
+    num_samples = check_positive_int(num_samples, "num_samples")
+    means = []
+    for b in _batches(x, batch_size):
+        repeated = model.encode(np.repeat(b, num_samples, axis=0))
+        means.append([m.reshape((len(b), num_samples) + m.shape[1:]).mean(axis=1) for m in repeated])
     per_layer = [np.concatenate([m[layer] for m in means]) for layer in range(model.num_layers)]
     variance = np.stack([np.var(z.reshape(len(z), -1).astype(np.float64), axis=0) for z in per_layer])
     return {

@@ -45,12 +45,13 @@ def test_kl_per_layer_is_the_models_own_kl_per_layer():
 def test_active_units_is_the_variance_of_the_posterior_means():
     model, x = tiny_model(), shapes_batch(10)
     randomize_gates(model)
-    # The posterior mean of layer l >= 1 depends on the sampled z_<l: the
-    # same seed state and batches draw the same ones.
+    # E_q[z_l | x] averages the posterior means over samples of z_<l: the
+    # same seed state draws the same samples.
     reset_seed(model)
-    means = model.encode(x)
+    means = model.encode(np.repeat(x, 3, axis=0))
     reset_seed(model)
-    result = inspection.active_units(model, x, threshold=1e-4, batch_size=10)
+    result = inspection.active_units(model, x, threshold=1e-4, num_samples=3, batch_size=10)
+    means = [m.reshape((10, 3) + m.shape[1:]).mean(axis=1) for m in means]
     expected = np.stack([np.var(m.reshape(10, -1).astype(np.float64), axis=0) for m in means])
     assert result["units"] == 4 * 4 * 2
     np.testing.assert_allclose(result["variance"], expected, rtol=1e-4, atol=1e-9)

@@ -1,0 +1,303 @@
+"""`write_report`: compute a model's numbers, draw every figure, write the page.
+
+The numbers come from `keras_avae.inspection` and the model's own
+`sample`/`reconstruct`; `figures` and `grids` draw them, `page` links them.
+Every random step starts the model's seed generator at its own state
+`(seed, stream)` and restores the generator afterwards, so a figure does
+not depend on which figures came before it, and the same `seed` gives the
+same report.
+"""
+
+import contextlib
+import inspect
+import pathlib
+import time
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_avae._validation import check_images
+from keras_avae._validation import check_positive_int
+from keras_avae._validation import check_temperature
+from keras_avae.report import figures
+from keras_avae.report import grids
+from keras_avae.report.history import read_history
+from keras_avae.report.page import write_page
+
+# The seed-generator stream of each random step: state (seed, stream << 20),
+# so the steps draw disjoint runs of seeds. Sample grid k uses
+# `_STREAMS["samples"] + k`, k = 2 * temperature index + readjust.
+_STREAMS = {
+    "kl_per_layer": 1,
+    "active_units": 2,
+    "depthwise_attention": 3,
+    "nonlocal_attention": 4,
+    "reconstructions": 5,
+    "interpolations": 6,
+    "samples": 16,
+}
+
+
+# Every figure a report can hold (the file names of its PNG and JSON).
+_FIGURES = (
+    "training_curves",
+    "kl_per_layer",
+    "depthwise_attention",
+    "nonlocal_attention",
+    "samples",
+    "reconstructions",
+    "interpolations",
+)
+
+
+@contextlib.contextmanager
+def _seeded(model, seed, stream):
+    """Runs the body with the model's seed generator at `(seed, stream << 20)`, then restores it."""
+    state = model.seed_generator.state
+    saved = np.asarray(ops.convert_to_numpy(state.value))
+    state.assign(np.array([seed, stream << 20], dtype=saved.dtype))
+    try:
+        yield
+    finally:
+        state.assign(saved)
+
+
+def _check_model(model):
+    from keras_avae.models.hierarchical_vae import HierarchicalVAE
+
+    if not isinstance(model, HierarchicalVAE):
+        raise ValueError(
+            "`model` must be a HierarchicalVAE: the report draws per-layer KL, depth-wise attention and "
+            "temperature sampling, which a DiscreteVAE (the mnist-gumbel entries) does not have. "
+            f"Received: model of class {type(model).__name__}"
+        )
+
+
+def _default_query_pixels(image, crop, pixel_range, count=4):
+    """`count` (row, col) pixels spread over the image's bright pixels (else a fixed pattern)."""
+    height, width = image.shape[:2]
+    middle = (pixel_range[0] + pixel_range[1]) / 2
+    bright = np.argwhere(image[crop : height - crop, crop : width - crop].mean(-1) > middle) + crop
+    if len(bright) < count:
+        return [(height // 2, width // 2), (height // 4, width // 4), (height // 4, 3 * width // 4),
+                (3 * height // 4, width // 2)][:count]
+    picks = np.linspace(0, len(bright) - 1, count).round().astype(int)
+    return [(int(r), int(c)) for r, c in bright[picks]]
+
+
+def _check_query_pixels(query_pixels, image_shape):
+    height, width = image_shape[:2]
+    pixels = []
+    for q in query_pixels:
+        try:
+            row, col = (int(v) for v in q)
+        except (TypeError, ValueError):
+            raise ValueError(f"`query_pixels` must be (row, col) pairs. Received: query_pixels={query_pixels!r}")
+        if not (0 <= row < height and 0 <= col < width):
+            raise ValueError(
+                f"`query_pixels` must lie in the {height}x{width} image. Received: query_pixels={query_pixels!r}"
+            )
+        pixels.append((row, col))
+    if not pixels:
+        raise ValueError(f"`query_pixels` must hold at least one pixel. Received: query_pixels={query_pixels!r}")
+    return pixels
+
+
+class _Steps:
+    """A `keras.utils.Progbar` over the report's steps (silent without `progress`)."""
+
+    def __init__(self, total, progress):
+        self.done = 0
+        self.bar = keras.utils.Progbar(total, unit_name="step") if progress else None
+
+    def step(self):
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(self.done)
+
+
+def write_report(
+    model,
+    images,
+    out_dir,
+    run_dir=None,
+    name=None,
+    query_pixels=None,
+    temperatures=(0.6, 0.8, 1.0),
+    num_samples=25,
+    progress=True,
+    *,
+    num_reconstructions=16,
+    num_interpolations=4,
+    interpolation_steps=8,
+    seed=0,
+    batch_size=100,
+    info=None,
+):
+    """Writes a report folder: `index.html` and a PNG and JSON per figure.
+
+    Figures: training curves (with `run_dir`), KL per layer with active
+    units, depth-wise attention (models with it), non-local attention maps
+    of `query_pixels` on the first image (models with non-local blocks),
+    sample grids at each temperature with and without batch-norm
+    re-adjustment, reconstructions and interpolations. A figure that does
+    not apply is left out, and the page says why.
+
+    Args:
+        model: a `HierarchicalVAE` (a `DiscreteVAE` is refused: it has no
+            layers of KL, no attention and no temperature).
+        images: `(N, H, W, C)` images in the model's input range; all N are
+            scored, the first ones are drawn.
+        out_dir: the report folder (created if needed).
+        run_dir: a `keras-avae train` run folder whose `history.csv` gives
+            the training curves; `None` leaves them out.
+        name: the page's heading, default `model.name`.
+        query_pixels: `(row, col)` image pixels for the non-local maps;
+            default: 4 pixels spread over the first image's bright pixels.
+        temperatures: the sampling temperatures.
+        num_samples: samples per grid.
+        progress: show a `keras.utils.Progbar` over the steps.
+        num_reconstructions: images shown with their reconstructions.
+        num_interpolations: pairs of images interpolated (images 0-1, 2-3, ...).
+        interpolation_steps: images per interpolation, endpoints included.
+        seed: seeds every random step (see the module docstring).
+        batch_size: images per pass of the inspection functions.
+        info: dict of extra rows for the page's header (weights, data, ...).
+
+    Returns:
+        A dict: `"index"` (the page's path), `"figures"` (name -> record
+        with the `"png"` and `"json"` paths), `"skipped"` (name -> reason)
+        and `"seconds"`.
+
+    Example:
+
+    >>> import keras_avae
+    >>> model = keras_avae.zoo.load("mnist-attentive-small", seed=0)  # doctest: +SKIP
+    >>> x = keras_avae.datasets.mnist_test_sample(100)  # doctest: +SKIP
+    >>> report = write_report(model, x, "report")  # doctest: +SKIP
+    >>> sorted(report["figures"])  # doctest: +SKIP
+    ['depthwise_attention', 'interpolations', 'kl_per_layer', 'nonlocal_attention', 'reconstructions', 'samples']
+    """
+    from keras_avae import inspection
+
+    start = time.time()
+    _check_model(model)
+    x = check_images(images, model.image_shape, model.pixel_range, "images")
+    if len(x) < 2:
+        raise ValueError(
+            f"`images` must hold at least 2 images (active units are a variance over images). "
+            f"Received: images.shape={x.shape}"
+        )
+    temperatures = [check_temperature(t, "temperatures") for t in temperatures]
+    if not temperatures:
+        raise ValueError("`temperatures` must hold at least one temperature. Received: temperatures=()")
+    num_samples = check_positive_int(num_samples, "num_samples")
+    num_reconstructions = check_positive_int(num_reconstructions, "num_reconstructions")
+    num_interpolations = check_positive_int(num_interpolations, "num_interpolations")
+    interpolation_steps = check_positive_int(interpolation_steps, "interpolation_steps")
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"`seed` must be a non-negative int. Received: seed={seed!r}")
+    if query_pixels is None:
+        query_pixels = _default_query_pixels(x[0], model.crop, model.pixel_range)
+    query_pixels = _check_query_pixels(query_pixels, model.image_shape)
+    history = read_history(run_dir) if run_dir is not None else None  # a missing file fails first
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    crop, pixel_range = model.crop, model.pixel_range
+    has_generative = any(a is not None for a in model.generative_attends)
+    has_inference = bool(model.inference_attends)
+    readjust = "readjust_batch_norm" in inspect.signature(model.sample).parameters
+    modes = (False, True) if readjust else (False,)
+    pairs = [(2 * i, 2 * i + 1) for i in range(min(num_interpolations, len(x) // 2))]
+    total = 6 + len(temperatures) * len(modes)
+    steps = _Steps(total, progress)
+    records, notes = [], []
+
+    def skip(key, title, reason):
+        notes.append((title, reason))
+        skipped[key] = reason
+
+    skipped = {}
+    if history is not None:
+        records.append(figures.training_curves(history, out))
+    else:
+        skip("training_curves", "Training curves", "No run folder was given (--run RUN_DIR), so no history.csv.")
+    steps.step()
+
+    with _seeded(model, seed, _STREAMS["kl_per_layer"]):
+        kl = inspection.kl_per_layer(model, x, batch_size=batch_size)
+    with _seeded(model, seed, _STREAMS["active_units"]):
+        active = inspection.active_units(model, x, batch_size=batch_size)
+    records.append(figures.kl_per_layer(kl, active, out))
+    steps.step()
+
+    if has_generative or has_inference:
+        with _seeded(model, seed, _STREAMS["depthwise_attention"]):
+            attention = inspection.depthwise_attention(model, x, batch_size=batch_size)
+        records.append(figures.depthwise_attention(attention, out))
+    else:
+        skip("depthwise_attention", "Depth-wise attention", "The model has no depth-wise attention (a baseline).")
+    steps.step()
+
+    if model.nonlocal_blocks:
+        with _seeded(model, seed, _STREAMS["nonlocal_attention"]):
+            blocks = inspection.nonlocal_attention(model, x[:1], query_pixels, batch_size=batch_size)
+        records.append(figures.nonlocal_maps(x[0], blocks, query_pixels, out, crop, pixel_range))
+    else:
+        skip("nonlocal_attention", "Non-local attention maps", "The model has no non-local blocks.")
+    steps.step()
+
+    sample_grids = []
+    for t_index, temperature in enumerate(temperatures):
+        for mode in modes:
+            kwargs = {"readjust_batch_norm": mode} if readjust else {}
+            with _seeded(model, seed, _STREAMS["samples"] + 2 * t_index + mode):
+                drawn = model.sample(num_samples, temperature=temperature, **kwargs)
+            sample_grids.append({"temperature": temperature, "readjust_batch_norm": mode, "images": drawn})
+            steps.step()
+    records.append(grids.sample_grids(sample_grids, out, crop, pixel_range))
+    if not readjust:
+        skip("samples_readjusted", "Samples with re-adjusted batch norm",
+             "This version of the model's sample() has no readjust_batch_norm argument.")
+
+    shown = x[:num_reconstructions]
+    with _seeded(model, seed, _STREAMS["reconstructions"]):
+        reconstructions = model.reconstruct(shown)
+    records.append(grids.reconstruction_grid(shown, reconstructions, out, crop, pixel_range))
+    steps.step()
+
+    if pairs:
+        first, second = x[[a for a, _ in pairs]], x[[b for _, b in pairs]]
+        with _seeded(model, seed, _STREAMS["interpolations"]):
+            path = inspection.interpolate(model, first, second, steps=interpolation_steps)
+        records.append(grids.interpolation_grid(path, pairs, out, crop, pixel_range))
+    else:
+        skip("interpolations", "Interpolations", f"Interpolations need two images. Received: {len(x)} image(s)")
+    steps.step()
+
+    header = {
+        "model": f"{type(model).__name__} {model.name!r}",
+        "parameters": f"{sum(int(np.prod(w.shape)) for w in model.trainable_weights):,} trainable "
+        f"({model.count_params():,} in all)",
+        "stochastic layers": model.num_layers,
+        "images used": f"{len(x)} images of shape {tuple(x.shape[1:])}",
+        **(info or {}),
+        "seed": seed,
+        "backend": keras.backend.backend(),
+    }
+    if run_dir is not None:
+        header["run folder"] = str(run_dir)
+    # A figure an earlier report wrote into this folder and this one left
+    # out must not stay beside the page as if it were this model's.
+    for stale in set(_FIGURES) - {r["name"] for r in records}:
+        for suffix in (".png", ".json"):
+            (out / (stale + suffix)).unlink(missing_ok=True)
+    index = write_page(out, name or model.name, header, records, notes)
+    return {
+        "index": str(index),
+        "figures": {r["name"]: {**r, "png": str(out / r["png"]), "json": str(out / r["json"])} for r in records},
+        "skipped": skipped,
+        "seconds": time.time() - start,
+    }

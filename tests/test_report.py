@@ -1,0 +1,468 @@
+"""`keras-avae report` and `keras_avae.report`: the numbers behind every figure.
+
+The report of a tiny attentive model is written once per module; each test
+checks that what a figure's JSON holds is what `keras_avae.inspection` and
+the model's own methods give on the same images and seeds, that the page
+references exactly the files written, and (slow, with a headless Chromium)
+that every image of the page loads.
+"""
+
+import csv
+import html.parser
+import json
+import math
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from keras_avae import inspection
+from keras_avae.models.hierarchical_vae import HierarchicalVAE
+from keras_avae.report import builder
+from keras_avae.report import figures
+from keras_avae.report import read_history
+from keras_avae.report import write_report
+from keras_avae.report.artifacts import jsonable
+from tests.models.test_hierarchical_vae import shapes_batch
+
+BACKEND = os.environ.get("KERAS_BACKEND", "tensorflow")
+pytestmark = pytest.mark.skipif(BACKEND == "torch", reason="the report is tested on TensorFlow and JAX")
+
+TINY = dict(
+    image_shape=(8, 8, 1),
+    num_layers=3,
+    latent_channels=2,
+    preprocess_filters=4,
+    decoder_filters=4,
+    cells_per_layer=1,
+    generative_attention_dim=2,
+    inference_attention_dim=2,
+    nonlocal_blocks=("merge",),
+    nonlocal_key_dim=2,
+    nonlocal_attention="softmax",
+    likelihood="bernoulli",
+    crop=1,
+    seed=3,
+)
+SEED = 5
+BATCH = 5  # images per pass: the posterior samples depend on the batching
+TEMPERATURES = (0.6, 1.0)
+QUERY_PIXELS = [(2, 2), (5, 6)]
+HISTORY = """epoch,bits_per_dim,kl,kl_0,kl_1,kl_2,loss,nelbo,reconstruction
+1,0.5,12.5,4.0,5.5,3.0,40.25,52.0,39.5
+2,0.4,10.0,3.0,,2.0,35.0,45.5,35.5
+"""
+
+
+def tiny_model(**overrides):
+    model = HierarchicalVAE(**{**TINY, **overrides})
+    model.build()
+    # Non-zero gates and non-local scales, so the attention reaches the output.
+    for gate in [g for g in model.generative_gates if g is not None] + list(model.inference_gates):
+        gate.assign(0.5)
+    for block in inspection.nonlocal_blocks(model).values():
+        block.gamma.assign(0.3)
+    return model
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """A report of the tiny model on 12 images, with a run folder's history."""
+    root = tmp_path_factory.mktemp("report")
+    run_dir = root / "run"
+    run_dir.mkdir()
+    (run_dir / "history.csv").write_text(HISTORY)
+    model = tiny_model()
+    x = shapes_batch(12)
+    result = write_report(
+        model,
+        x,
+        root / "out",
+        run_dir=run_dir,
+        name="tiny-attentive",
+        query_pixels=QUERY_PIXELS,
+        temperatures=TEMPERATURES,
+        num_samples=4,
+        num_reconstructions=6,
+        num_interpolations=3,
+        interpolation_steps=5,
+        seed=SEED,
+        batch_size=BATCH,
+        progress=False,
+    )
+    return {"model": model, "x": x, "result": result, "out": root / "out", "run_dir": run_dir}
+
+
+def numbers(written, name):
+    with open(written["out"] / f"{name}.json") as f:
+        return json.load(f)
+
+
+def as_array(value):
+    return np.array(value, dtype="float32")
+
+
+def close(actual, expected):
+    np.testing.assert_allclose(as_array(actual), np.asarray(expected, "float32"), rtol=1e-5, atol=1e-6)
+
+
+def crop(images, pixels=TINY["crop"]):
+    return np.asarray(images)[..., pixels:-pixels, pixels:-pixels, :]
+
+
+class _Page(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.images, self.links, self.tags, self.text = [], [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.tags.append(tag)
+        if tag == "img":
+            self.images.append(attrs["src"])
+        if tag == "a":
+            self.links.append(attrs["href"])
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse_page(path):
+    page = _Page()
+    page.feed(path.read_text())
+    return page
+
+
+# ---------------------------------------------------------------------- #
+# The JSON of each figure is the API's numbers
+# ---------------------------------------------------------------------- #
+
+
+def test_kl_and_active_units_are_the_inspection_numbers(written):
+    model, x = written["model"], written["x"]
+    with builder._seeded(model, SEED, builder._STREAMS["kl_per_layer"]):
+        kl = inspection.kl_per_layer(model, x, batch_size=BATCH)
+    with builder._seeded(model, SEED, builder._STREAMS["active_units"]):
+        active = inspection.active_units(model, x, batch_size=BATCH)
+    drawn = numbers(written, "kl_per_layer")
+    close(drawn["kl_mean"], kl.mean(axis=0))
+    close(drawn["kl_stderr"], kl.std(axis=0, ddof=1) / math.sqrt(len(x)))
+    assert drawn["num_images"] == 12 and drawn["layers"] == [0, 1, 2]
+    assert drawn["active"] == active["active"].tolist() and drawn["units"] == active["units"]
+    assert drawn["threshold"] == 0.01
+    # KL is non-negative and the layers are used by a fresh model.
+    assert min(drawn["kl_mean"]) >= 0 and sum(drawn["kl_mean"]) > 0
+
+
+def test_attention_matrices_are_the_inspection_numbers_and_rows_sum_to_1(written):
+    model, x = written["model"], written["x"]
+    with builder._seeded(model, SEED, builder._STREAMS["depthwise_attention"]):
+        attention = inspection.depthwise_attention(model, x, batch_size=BATCH)
+    drawn = numbers(written, "depthwise_attention")
+    assert sorted(drawn) == ["generative", "inference"]
+    L = TINY["num_layers"]
+    for kind in ("generative", "inference"):
+        close(drawn[kind]["matrix"], attention[kind]["matrix"])
+        close(drawn[kind]["gates"], attention[kind]["gates"])
+    generative, inference = as_array(drawn["generative"]["matrix"]), as_array(drawn["inference"]["matrix"])
+    assert generative.shape == (L, L) and inference.shape == (L, L + 1)
+    # Generative: row 0 does not attend; row l spreads 1 over the layers above it.
+    np.testing.assert_array_equal(generative[0], 0)
+    np.testing.assert_allclose(generative[1:].sum(axis=1), 1, atol=1e-5)
+    assert np.all(np.triu(generative) == 0)
+    # Inference: every row sums to 1 over columns l..L, zeros left of the diagonal.
+    np.testing.assert_allclose(inference.sum(axis=1), 1, atol=1e-5)
+    assert all(np.all(inference[l, :l] == 0) for l in range(L))
+    assert drawn["generative"]["gates"] == [0.0, 0.5, 0.5] and drawn["inference"]["gates"] == [0.5] * L
+
+
+def test_nonlocal_maps_are_the_inspection_numbers(written):
+    model, x = written["model"], written["x"]
+    with builder._seeded(model, SEED, builder._STREAMS["nonlocal_attention"]):
+        blocks = inspection.nonlocal_attention(model, x[:1], QUERY_PIXELS, batch_size=BATCH)
+    drawn = numbers(written, "nonlocal_attention")
+    assert drawn["query_pixels"] == [list(q) for q in QUERY_PIXELS] and drawn["crop"] == TINY["crop"]
+    close(drawn["image"], x[0])
+    assert list(drawn["blocks"]) == list(blocks) and len(blocks) == 2 * (TINY["num_layers"] - 1) + 1
+    for name, block in blocks.items():
+        maps = as_array(drawn["blocks"][name]["maps"])
+        close(maps, block["maps"][0])
+        np.testing.assert_allclose(maps.sum(axis=(1, 2)), 1, atol=1e-5)
+        assert drawn["blocks"][name]["query_pixels"] == [list(q) for q in block["query_pixels"]]
+        assert drawn["blocks"][name]["gamma"] == pytest.approx(0.3)
+        assert drawn["blocks"][name]["attention"] == "softmax"
+
+
+def test_sample_grids_are_the_models_samples_with_and_without_readjustment(written):
+    model = written["model"]
+    drawn = numbers(written, "samples")
+    assert [(g["temperature"], g["readjust_batch_norm"]) for g in drawn["grids"]] == [
+        (t, r) for t in TEMPERATURES for r in (False, True)
+    ]
+    for index, grid in enumerate(drawn["grids"]):
+        temperature, readjust = grid["temperature"], grid["readjust_batch_norm"]
+        with builder._seeded(model, SEED, builder._STREAMS["samples"] + index):
+            samples = model.sample(4, temperature=temperature, readjust_batch_norm=readjust)
+        close(grid["images"], crop(samples))
+    # Different temperatures and the re-adjustment change the images.
+    images = [as_array(g["images"]) for g in drawn["grids"]]
+    assert all(not np.array_equal(images[0], other) for other in images[1:])
+    assert drawn["pixel_range"] == [0.0, 1.0] and as_array(drawn["grids"][0]["images"]).shape == (4, 6, 6, 1)
+
+
+def test_reconstructions_and_interpolations_are_the_api_numbers(written):
+    model, x = written["model"], written["x"]
+    with builder._seeded(model, SEED, builder._STREAMS["reconstructions"]):
+        reconstructions = model.reconstruct(x[:6])
+    drawn = numbers(written, "reconstructions")
+    close(drawn["inputs"], crop(x[:6]))
+    close(drawn["reconstructions"], crop(reconstructions))
+    assert drawn["indices"] == list(range(6))
+
+    with builder._seeded(model, SEED, builder._STREAMS["interpolations"]):
+        path = inspection.interpolate(model, x[[0, 2, 4]], x[[1, 3, 5]], steps=5)
+    drawn = numbers(written, "interpolations")
+    assert drawn["pairs"] == [[0, 1], [2, 3], [4, 5]] and drawn["steps"] == 5
+    close(drawn["images"], crop(path))
+
+
+def test_figures_do_not_depend_on_the_generators_state_which_is_restored(written, tmp_path):
+    model = written["model"]
+    model.sample(3)  # moves the model's seed generator
+    state = np.asarray(model.seed_generator.state.value).copy()
+    again = write_report(model, written["x"][:4], tmp_path, temperatures=(1.0,), num_samples=4, seed=SEED,
+                         progress=False)
+    np.testing.assert_array_equal(np.asarray(model.seed_generator.state.value), state)
+    assert "training_curves" in again["skipped"] and "training_curves" not in again["figures"]
+    # Grid k is drawn from stream `samples + k`, whatever ran before it.
+    model.sample(2)
+    drawn = json.loads((tmp_path / "samples.json").read_text())["grids"]
+    assert [(g["temperature"], g["readjust_batch_norm"]) for g in drawn] == [(1.0, False), (1.0, True)]
+    with builder._seeded(model, SEED, builder._STREAMS["samples"] + 1):
+        close(drawn[1]["images"], crop(model.sample(4, temperature=1.0, readjust_batch_norm=True)))
+
+
+# ---------------------------------------------------------------------- #
+# Training curves
+# ---------------------------------------------------------------------- #
+
+
+def read_csv_columns(path):
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {key: [float(r[key]) if r[key] != "" else None for r in rows] for key in rows[0]}
+
+
+def test_training_curves_are_the_history_csv(written):
+    drawn = numbers(written, "training_curves")
+    expected = read_csv_columns(written["run_dir"] / "history.csv")
+    assert sorted(drawn) == ["epoch", "kl", "kl_0", "kl_1", "kl_2", "loss", "nelbo", "reconstruction"]
+    for key, values in drawn.items():
+        assert values == expected[key], key
+    assert drawn["kl_1"] == [5.5, None]  # an empty cell is null, never NaN
+
+
+@pytest.mark.slow
+def test_training_curves_of_a_real_training_run(tmp_path):
+    from keras_avae import training
+
+    x = shapes_batch(16)
+    run_dir = tmp_path / "run"
+    training.train(
+        "mnist-baseline",
+        x,
+        str(run_dir),
+        epochs=2,
+        batch_size=8,
+        config_overrides=dict(
+            image_shape=[8, 8, 1], num_layers=2, preprocess_filters=4, decoder_filters=4, num_scales=1, crop=0
+        ),
+        verbose=0,
+    )
+    record = figures.training_curves(read_history(run_dir), tmp_path)
+    drawn = json.loads((tmp_path / record["json"]).read_text())
+    expected = read_csv_columns(run_dir / "history.csv")
+    assert drawn["epoch"] == [1, 2]
+    assert {"loss", "nelbo", "kl", "kl_0", "kl_1"} <= set(drawn)
+    for key in set(drawn) - {"epoch"}:
+        assert drawn[key] == expected[key], key
+    assert all(math.isfinite(v) for v in drawn["nelbo"])
+
+
+def test_missing_history_names_the_path(tmp_path):
+    model = tiny_model()
+    with pytest.raises(FileNotFoundError, match="history.csv") as error:
+        write_report(model, shapes_batch(4), tmp_path / "out", run_dir=tmp_path, progress=False)
+    assert str(tmp_path / "history.csv") in str(error.value)
+    assert not (tmp_path / "out").exists()  # refused before anything was computed or written
+
+
+# ---------------------------------------------------------------------- #
+# The page
+# ---------------------------------------------------------------------- #
+
+
+def test_page_references_every_figure_and_nothing_missing(written):
+    out = written["out"]
+    page = parse_page(out / "index.html")
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    jsons = sorted(p.name for p in out.glob("*.json"))
+    expected = ["depthwise_attention", "interpolations", "kl_per_layer", "nonlocal_attention", "reconstructions",
+                "samples", "training_curves"]
+    assert pngs == [f"{n}.png" for n in expected] and jsons == [f"{n}.json" for n in expected]
+    assert sorted(page.images) == pngs
+    assert sorted(link for link in page.links if not link.startswith("#")) == jsons
+    assert sorted(written["result"]["figures"]) == expected and written["result"]["skipped"] == {}
+    # Offline: no scripts, no style sheets or fonts to fetch, no absolute URLs.
+    assert "script" not in page.tags and "link" not in page.tags
+    assert not any("//" in ref for ref in page.images + page.links)
+    text = " ".join(page.text)
+    assert "tiny-attentive" in text and "12 images" in text and f"{written['model'].count_params():,} in all" in text
+    # Every figure has a caption saying what it shows.
+    assert text.count("The numbers drawn") == len(expected)
+
+
+def test_baseline_without_attention_or_nonlocal_blocks_says_so(tmp_path):
+    model = tiny_model(generative_attention=False, inference_attention=False, nonlocal_blocks=())
+    # An earlier report's figure in the same folder must not stay beside this page.
+    (tmp_path / "depthwise_attention.png").write_bytes(b"stale")
+    (tmp_path / "training_curves.json").write_text("{}")
+    result = write_report(model, shapes_batch(4), tmp_path, temperatures=(1.0,), num_samples=4, progress=False)
+    assert not (tmp_path / "depthwise_attention.png").exists() and not (tmp_path / "training_curves.json").exists()
+    assert sorted(result["figures"]) == ["interpolations", "kl_per_layer", "reconstructions", "samples"]
+    assert sorted(result["skipped"]) == ["depthwise_attention", "nonlocal_attention", "training_curves"]
+    page = parse_page(tmp_path / "index.html")
+    text = " ".join(page.text)
+    assert "no depth-wise attention" in text and "no non-local blocks" in text and "No run folder" in text
+    assert sorted(page.images) == sorted(p.name for p in tmp_path.glob("*.png"))
+
+
+def test_discrete_vae_and_bad_arguments_are_refused(tmp_path):
+    from keras_avae import zoo
+
+    gumbel = zoo.load("mnist-gumbel-small", weights=None)
+    with pytest.raises(ValueError, match="HierarchicalVAE.*DiscreteVAE"):
+        write_report(gumbel, np.zeros((2, 32, 32, 1)), tmp_path)
+    model = tiny_model()
+    x = shapes_batch(4)
+    with pytest.raises(ValueError, match=r"query_pixels.*\(9, 0\)"):
+        write_report(model, x, tmp_path, query_pixels=[(9, 0)])
+    with pytest.raises(ValueError, match="temperatures"):
+        write_report(model, x, tmp_path, temperatures=(0.5, 0.0))
+    with pytest.raises(ValueError, match="at least 2 images"):
+        write_report(model, x[:1], tmp_path)
+    with pytest.raises(ValueError, match=r"images"):
+        write_report(model, x * 2, tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_jsonable_is_strict_json_with_exact_float32():
+    values = np.array([0.1, 1 / 3, 1e-8, np.nan, np.inf, -2.5], "float32")
+    text = json.dumps(jsonable({"v": values, "n": np.int64(3), "t": (np.float32(0.5), None)}), allow_nan=False)
+    loaded = json.loads(text)
+    assert loaded["v"][3:5] == [None, None] and loaded["n"] == 3 and loaded["t"] == [0.5, None]
+    finite = np.isfinite(values)
+    np.testing.assert_array_equal(np.array([v for v in loaded["v"] if v is not None], "float32"), values[finite])
+    assert "0.1," in text  # the shortest form, not 0.10000000149011612
+
+
+# ---------------------------------------------------------------------- #
+# Command line
+# ---------------------------------------------------------------------- #
+
+
+@pytest.mark.slow
+def test_report_command_end_to_end(tmp_path, capsys):
+    from keras_avae import cli, zoo
+    from tests.test_cli import TINY_SETS, sets
+    from tests.test_datasets import make_mnist_dir
+
+    data = tmp_path / "mnist"
+    make_mnist_dir(data, n_train=4, n_test=6)
+    overrides = dict(
+        num_layers=2, latent_channels=2, preprocess_filters=4, decoder_filters=4, generative_attention_dim=2,
+        inference_attention_dim=4, nonlocal_key_dim=2, nonlocal_num_random_features=4, seed=0,
+    )
+    weights = tmp_path / "tiny.weights.h5"
+    zoo.load("mnist-attentive-small", weights=None, **overrides).save_weights(str(weights))
+    set_args = sets(TINY_SETS + ["generative_attention_dim=2", "inference_attention_dim=4", "nonlocal_key_dim=2",
+                                 "nonlocal_num_random_features=4"])
+    out = tmp_path / "report"
+    argv = ["report", "mnist-attentive-small", "--weights", str(weights), "--data-dir", str(data), "--out",
+            str(out), "--num-images", "5", "--num-samples", "4", "--temperatures", "0.7", "1", "--seed", "2"]
+    status = cli.main(argv + set_args)
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert "Wrote" in captured.err and "index.html" in captured.err
+    page = parse_page(out / "index.html")
+    assert sorted(page.images) == sorted(p.name for p in out.glob("*.png")) and len(page.images) == 6
+    text = " ".join(page.text)
+    assert "mnist-attentive-small" in text and "first 5 images of the mnist test split" in text
+    kl = json.loads((out / "kl_per_layer.json").read_text())
+    assert kl["num_images"] == 5 and len(kl["kl_mean"]) == 2
+    samples = json.loads((out / "samples.json").read_text())
+    assert [g["temperature"] for g in samples["grids"]] == [0.7, 0.7, 1.0, 1.0]
+    assert as_array(samples["grids"][0]["images"]).shape == (4, 28, 28, 1)  # cropped to the digits
+
+    # Mistakes: one line, status 2.
+    status = cli.main(argv + set_args + ["--run", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert status == 2 and "history.csv" in err and len(err.strip().splitlines()) == 1
+    status = cli.main(["report", "mnist-gumbel-small", "--weights", "pretrained", "--data-dir", str(data),
+                       "--out", str(out)])
+    err = capsys.readouterr().err
+    assert status == 2 and "hierarchical VAE" in err and len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------- #
+# In a browser
+# ---------------------------------------------------------------------- #
+
+_CHECK_SCRIPT = """
+<script>
+window.addEventListener("load", function () {
+  var rows = [];
+  document.querySelectorAll("img").forEach(function (img) {
+    rows.push([img.getAttribute("src"), img.complete, img.naturalWidth]);
+  });
+  var out = document.createElement("pre");
+  out.id = "image-check";
+  out.textContent = JSON.stringify(rows);
+  document.body.appendChild(out);
+});
+</script>
+"""
+
+
+def _chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_chromium() is None, reason="no headless Chromium here (Debian: apt-get install chromium)")
+def test_every_image_loads_in_a_headless_browser(written, tmp_path):
+    # A copy of the report folder whose page reports, once loaded, each
+    # image's natural width; one extra image points at a missing file, to
+    # show that the check sees a failed load.
+    folder = tmp_path / "copy"
+    shutil.copytree(written["out"], folder)
+    page = (folder / "index.html").read_text()
+    probe = '<img src="no-such-figure.png">' + _CHECK_SCRIPT
+    (folder / "check.html").write_text(page.replace("</body>", probe + "</body>"))
+    command = [
+        _chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
+        f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--dump-dom",
+        (folder / "check.html").as_uri(),
+    ]
+    dom = subprocess.run(command, capture_output=True, text=True, timeout=120).stdout
+    start = dom.index('<pre id="image-check">') + len('<pre id="image-check">')
+    rows = json.loads(html.unescape(dom[start : dom.index("</pre>", start)]))
+    widths = {src: width for src, _, width in rows}
+    assert widths.pop("no-such-figure.png") == 0
+    assert sorted(widths) == sorted(parse_page(written["out"] / "index.html").images) and len(widths) == 7
+    assert all(width > 0 for width in widths.values()), widths
