@@ -36,12 +36,17 @@ from keras_avae.models.batch_norm_statistics import readjusted_batch_norm  # noq
 from keras_avae.models.hierarchical_vae import HierarchicalVAE
 
 
-def _checked(model, x, name="x", hierarchical=True):
-    if hierarchical and not isinstance(model, HierarchicalVAE):
+def _check_hierarchical(model):
+    if not isinstance(model, HierarchicalVAE):
         raise ValueError(
             f"`model` must be a HierarchicalVAE (the attentive and baseline zoo entries). "
             f"Received: model of type {type(model).__name__}"
         )
+
+
+def _checked(model, x, name="x", hierarchical=True):
+    if hierarchical:
+        _check_hierarchical(model)
     return to_numpy(model._check_images(x, name=name))
 
 
@@ -315,18 +320,5 @@ def interpolate(model, x_a, x_b, steps=8, mode="mean"):
     >>> interpolate(model, x[0], x[1], steps=5).shape  # doctest: +SKIP
     (5, 32, 32, 1)
     """
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 2:
-        raise ValueError(f"`steps` must be an int >= 2. Received: steps={steps!r}")
-    single = np.ndim(x_a) == 3
-    x_a = _checked(model, np.asarray(x_a)[None] if single else x_a, name="x_a")
-    x_b = _checked(model, np.asarray(x_b)[None] if single else x_b, name="x_b")
-    if x_a.shape != x_b.shape:
-        raise ValueError(f"`x_a` and `x_b` must have the same shape. Received: {x_a.shape} and {x_b.shape}")
-    t = np.linspace(0.0, 1.0, steps, dtype=np.float32).reshape(1, steps, 1, 1, 1)
-    latents = [
-        ((1 - t) * a[:, None] + t * b[:, None]).reshape((-1,) + a.shape[1:])
-        for a, b in zip(model.encode(x_a), model.encode(x_b))
-    ]
-    decoded = model.top_down(latents=latents, training=False)["decoded"]
-    images = to_numpy(model._data_mean_or_sample(decoded, mode)).reshape((len(x_a), steps) + x_a.shape[1:])
-    return images[0] if single else images
+    _check_hierarchical(model)
+    return model.interpolate(x_a, x_b, steps=steps, mode=mode)

@@ -5,71 +5,22 @@ import random
 import keras
 from keras import ops
 
-from keras_avae._validation import check_positive_int
-from keras_avae._validation import check_temperature
-from keras_avae._validation import to_numpy
 from keras_avae.distributions.bernoulli import bernoulli_log_prob
 from keras_avae.distributions.gaussian import DiagonalGaussian
-from keras_avae.models.batch_norm_statistics import readjusted_batch_norm
-from keras_avae.models.elbo_model import ELBOModel
 from keras_avae.layers.depthwise_attend import DepthwiseAttend
 from keras_avae.layers.discretized_logistic_mixture import DiscretizedLogisticMixture
+from keras_avae.layers.layer_norm_gelu import LayerNormGelu
 from keras_avae.layers.non_local_block import NonLocalBlock
 from keras_avae.layers.residual_cell import ResidualCell
 from keras_avae.layers.weight_norm_conv2d import WeightNormConv2D
-
-NONLOCAL_PLACES = ("preprocess", "encoder", "decoder", "merge", "postprocess")
-LIKELIHOODS = ("logistic_mixture", "bernoulli")
-
-
-@keras.saving.register_keras_serializable(package="keras_avae")
-class LayerNormGelu(keras.layers.Layer):
-    """`x + GELU(LayerNorm(x))`, the normalisation of paper eq. 5-6.
-
-    LayerNorm statistics in float32; GELU is the tanh approximation (as the
-    reference's `tfa.activations.gelu`).
-
-    Args:
-        epsilon: LayerNorm epsilon. Defaults to `1e-5` (the reference's).
-        regularizer: regularizer for the LayerNorm's gamma and beta.
-        **kwargs: base layer arguments.
-
-    Example:
-
-    >>> import numpy as np
-    >>> tuple(LayerNormGelu()(np.ones((2, 4, 4, 3), "float32")).shape)
-    (2, 4, 4, 3)
-    """
-
-    def __init__(self, epsilon=1e-5, regularizer=None, **kwargs):
-        super().__init__(**kwargs)
-        self.epsilon = epsilon
-        self.regularizer = keras.regularizers.get(regularizer)
-        self.norm = keras.layers.LayerNormalization(
-            epsilon=epsilon,
-            gamma_regularizer=self.regularizer,
-            beta_regularizer=self.regularizer,
-            dtype=self.dtype_policy,
-            name="layer_norm",
-        )
-
-    def build(self, input_shape):
-        self.norm.build(input_shape)
-
-    def call(self, inputs):
-        return inputs + ops.gelu(self.norm(inputs), approximate=True)
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
-    def get_config(self):
-        config = super().get_config()
-        config.update({"epsilon": self.epsilon, "regularizer": keras.regularizers.serialize(self.regularizer)})
-        return config
+from keras_avae.models.elbo_model import ELBOModel
+from keras_avae.models.hierarchical_config import CONFIG_KEYS
+from keras_avae.models.hierarchical_config import validate_config
+from keras_avae.models.hierarchical_inference import HierarchicalInference
 
 
 @keras.saving.register_keras_serializable(package="keras_avae")
-class HierarchicalVAE(ELBOModel):
+class HierarchicalVAE(HierarchicalInference, ELBOModel):
     """Deep attentive VAE: bidirectional inference over L stochastic layers.
 
     "Deep Attentive Variational Inference" (Apostolopoulou, Char, Rosenfeld,
@@ -218,7 +169,7 @@ class HierarchicalVAE(ELBOModel):
         super().__init__(**kwargs)
         image_shape = tuple(int(s) for s in image_shape)
         nonlocal_blocks = tuple(nonlocal_blocks or ())
-        _validate(locals())
+        validate_config(locals())
         # === Config ===
         self.image_shape = image_shape
         self.num_layers = num_layers
@@ -649,218 +600,12 @@ class HierarchicalVAE(ELBOModel):
         kl_per_layer = result["kl_per_layer"]
         return {"nll": nll, "kl": ops.sum(kl_per_layer, axis=-1), "kl_per_layer": kl_per_layer}
 
-    # ------------------------------------------------------------------ #
-    # What users call: encode, reconstruct, sample, score
-    # ------------------------------------------------------------------ #
-    @property
-    def pixel_range(self):
-        return (0.0, 1.0) if self.likelihood == "bernoulli" else (-1.0, 1.0)
-
-    def _data_mean_or_sample(self, decoded, mode):
-        if mode not in ("mean", "sample"):
-            raise ValueError(f"`mode` must be 'mean' or 'sample'. Received: mode={mode!r}")
-        params = self.data_distribution_params(decoded)
-        if self.likelihood == "bernoulli":
-            probs = ops.sigmoid(ops.cast(params, "float32"))
-            if mode == "mean":
-                return probs
-            uniform = keras.random.uniform(ops.shape(probs), seed=self.seed_generator)
-            return ops.cast(uniform < probs, "float32")
-        return params.mean() if mode == "mean" else params.sample(seed=self.seed_generator)
-
-    def encode(self, x, sample=False):
-        """The posterior latents of images `x`.
-
-        Args:
-            x: images (see the call arguments). NaN or infinite values, an
-                empty batch, a wrong shape or values out of range raise
-                `ValueError`.
-            sample: return posterior samples instead of posterior means.
-
-        Returns:
-            A list of L NumPy float32 arrays `(B, h, w, latent_channels)`,
-            top layer first. The inference methods (`log_likelihood`,
-            `sample`, `reconstruct`, `encode`) all return NumPy arrays, as
-            `keras.Model.predict` does.
-        """
-        x = self._check_images(x)
-        result = self.top_down(self.bottom_up(x, training=False), training=False, return_latents=True)
-        return to_numpy(result["latents"] if sample else result["posterior_means"])
-
-    def reconstruct(self, x, mode="mean"):
-        """Decodes a posterior sample of each image: the mean (or a sample) of p(x|z).
-
-        Args:
-            x: images (see the call arguments), checked as in `encode`.
-            mode: `"mean"` or `"sample"`, as in `sample`.
-
-        Returns:
-            NumPy float32 array with the shape of `x`.
-        """
-        if mode not in ("mean", "sample"):
-            raise ValueError(f"`mode` must be 'mean' or 'sample'. Received: mode={mode!r}")
-        x = self._check_images(x)
-        result = self.top_down(self.bottom_up(x, training=False), training=False)
-        return to_numpy(self._data_mean_or_sample(result["decoded"], mode))
-
-    def sample(self, num_samples, temperature=1.0, mode="mean", readjust_batch_norm=False, readjust_steps=20):
-        """Draws images from the prior.
-
-        Args:
-            num_samples: positive int, the number of images.
-            temperature: finite positive float, the scale of the latent
-                noise (1.0: the model's prior).
-            mode: `"mean"` returns the mean of p(x|z) (Bernoulli
-                probabilities, or the mixture mean in [-1, 1]); `"sample"`
-                samples the pixels too.
-            readjust_batch_norm: bool. Re-estimate the batch-norm statistics
-                on `readjust_steps` passes of 100 prior samples at this
-                temperature first (NVAE's `--readjust_bn`, which keeps
-                low-temperature samples from degrading); the model's own
-                statistics are restored afterwards (see
-                `keras_avae.models.batch_norm_statistics`).
-            readjust_steps: positive int, passes for `readjust_batch_norm`.
-
-        Returns:
-            NumPy float32 array `(num_samples, H, W, C)`.
-        """
-        num_samples = check_positive_int(num_samples, "num_samples")
-        temperature = check_temperature(temperature)
-        if mode not in ("mean", "sample"):
-            raise ValueError(f"`mode` must be 'mean' or 'sample'. Received: mode={mode!r}")
-        if not isinstance(readjust_batch_norm, bool):
-            raise ValueError(f"`readjust_batch_norm` must be a bool. Received: readjust_batch_norm={readjust_batch_norm!r}")
-        if readjust_batch_norm:
-            with readjusted_batch_norm(self, temperature, steps=readjust_steps):
-                return self.sample(num_samples, temperature, mode)
-        result = self.top_down(batch_size=num_samples, training=False, temperature=temperature)
-        return to_numpy(self._data_mean_or_sample(result["decoded"], mode))
-
-    def _activation_floats_per_sample(self):
-        """Size of what one image-sample's pass holds, for evaluation's memory budget.
-
-        The widest full-resolution feature map plus, per stochastic layer,
-        the bottom-up feature and the top-down context at the latent size
-        (float32 values; the measured peak is a constant multiple of this,
-        see `keras_avae.evaluation`).
-        """
-        h, w, c = self.image_shape
-        latent = self._latent_size[0] * self._latent_size[1]
-        return h * w * max(self.preprocess_filters, c) + self.num_layers * latent * (
-            self._values + self._ik + self._context
-        )
-
-    def log_weights(self, x, features, num_samples):
-        """Importance log-weights `log p(x|z) + log p(z) - log q(z|x)`, `(B, num_samples)`.
-
-        `features` is `bottom_up(x)`: the deterministic pass is computed once
-        per image and shared by all samples.
-        """
-        batch = ops.shape(x)[0]
-        tiled = [ops.repeat(f, num_samples, axis=0) for f in features]
-        result = self.top_down(tiled, training=False, return_log_probs=True)
-        params = self.data_distribution_params(result["decoded"])
-        log_px = self._log_likelihood(params, ops.repeat(x, num_samples, axis=0))
-        log_w = log_px + result["log_prior"] - result["log_posterior"]
-        return ops.reshape(log_w, (batch, num_samples))
-
     # === Config ===
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "image_shape": self.image_shape,
-                "num_layers": self.num_layers,
-                "latent_channels": self.latent_channels,
-                "num_scales": self.num_scales,
-                "preprocess_filters": self.preprocess_filters,
-                "decoder_filters": self.decoder_filters,
-                "preprocess_cells": self.preprocess_cells,
-                "postprocess_cells": self.postprocess_cells,
-                "cells_per_layer": self.cells_per_layer,
-                "generative_attention": self.generative_attention,
-                "inference_attention": self.inference_attention,
-                "generative_attention_dim": self.generative_attention_dim,
-                "inference_attention_dim": self.inference_attention_dim,
-                "generative_attention_layer_norm": self.generative_attention_layer_norm,
-                "inference_attention_layer_norm": self.inference_attention_layer_norm,
-                "nonlocal_blocks": self.nonlocal_blocks,
-                "nonlocal_key_dim": self.nonlocal_key_dim,
-                "nonlocal_attention": self.nonlocal_attention,
-                "nonlocal_num_random_features": self.nonlocal_num_random_features,
-                "likelihood": self.likelihood,
-                "num_mixtures": self.num_mixtures,
-                "reference_edge_bug": self.reference_edge_bug,
-                "crop": self.crop,
-                "prior_log_scale_bounds": self.prior_log_scale_bounds,
-                "posterior_log_scale_bounds": self.posterior_log_scale_bounds,
-                "log_scale_noise": self.log_scale_noise,
-                "l2": self.l2,
-                "bn_momentum": self.bn_momentum,
-                "bn_epsilon": self.bn_epsilon,
-                "synchronized_batch_norm": self.synchronized_batch_norm,
-                "seed": self.seed,
-                "nonlocal_feature_seed": self.nonlocal_feature_seed,
-            }
-        )
+        config.update({key: getattr(self, key) for key in CONFIG_KEYS})
         return config
 
     @classmethod
     def from_config(cls, config):
         return cls(**config)
-
-
-def _validate(args):
-    def positive_int(name):
-        value = args[name]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
-
-    for name in (
-        "num_layers",
-        "latent_channels",
-        "num_scales",
-        "preprocess_filters",
-        "decoder_filters",
-        "cells_per_layer",
-        "generative_attention_dim",
-        "inference_attention_dim",
-        "nonlocal_key_dim",
-        "num_mixtures",
-    ):
-        positive_int(name)
-    image_shape = args["image_shape"]
-    scale = 2 ** args["num_scales"]
-    if len(image_shape) != 3 or image_shape[0] % scale or image_shape[1] % scale:
-        raise ValueError(
-            f"`image_shape` must be (H, W, C) with H and W divisible by 2**num_scales={scale}. "
-            f"Received: image_shape={image_shape}"
-        )
-    if args["inference_attention"] and args["inference_attention_dim"] % scale:
-        raise ValueError(
-            f"`inference_attention_dim` must be divisible by 2**num_scales={scale}. "
-            f"Received: inference_attention_dim={args['inference_attention_dim']}"
-        )
-    unknown = set(args["nonlocal_blocks"]) - set(NONLOCAL_PLACES)
-    if unknown:
-        raise ValueError(
-            f"`nonlocal_blocks` entries must be in {NONLOCAL_PLACES}. Received: nonlocal_blocks={args['nonlocal_blocks']}"
-        )
-    if args["likelihood"] not in LIKELIHOODS:
-        raise ValueError(f"`likelihood` must be one of {LIKELIHOODS}. Received: likelihood={args['likelihood']!r}")
-    if args["nonlocal_attention"] not in ("softmax", "performer"):
-        raise ValueError(
-            "`nonlocal_attention` must be 'softmax' or 'performer'. "
-            f"Received: nonlocal_attention={args['nonlocal_attention']!r}"
-        )
-    for name in ("prior_log_scale_bounds", "posterior_log_scale_bounds"):
-        low, high = args[name]
-        if not low < high:
-            raise ValueError(f"`{name}` must be (low, high) with low < high. Received: {name}={args[name]}")
-    for name in ("seed", "nonlocal_feature_seed"):
-        value = args[name]
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise ValueError(f"`{name}` must be a non-negative int or None. Received: {name}={value!r}")
-    crop = args["crop"]
-    if not isinstance(crop, int) or crop < 0 or 2 * crop >= min(image_shape[:2]):
-        raise ValueError(f"`crop` must be a non-negative int smaller than half the image. Received: crop={crop!r}")

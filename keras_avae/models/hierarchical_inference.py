@@ -1,0 +1,173 @@
+"""What users call on a `HierarchicalVAE`: encode, reconstruct, sample, interpolate, score.
+
+A mixin of `HierarchicalVAE` (it uses the model's `bottom_up`, `top_down`
+and data head): the inference methods in one place, apart from the
+network. They check their inputs eagerly and return NumPy arrays, as
+`keras.Model.predict` does.
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_avae._validation import check_positive_int
+from keras_avae._validation import check_temperature
+from keras_avae._validation import to_numpy
+from keras_avae.models.batch_norm_statistics import readjusted_batch_norm
+
+
+class HierarchicalInference:
+    """Inference methods of `HierarchicalVAE` (see the module docstring).
+
+    Example:
+
+    >>> from keras_avae.models import HierarchicalVAE
+    >>> issubclass(HierarchicalVAE, HierarchicalInference)
+    True
+    """
+
+    @property
+    def pixel_range(self):
+        return (0.0, 1.0) if self.likelihood == "bernoulli" else (-1.0, 1.0)
+
+    def _data_mean_or_sample(self, decoded, mode):
+        if mode not in ("mean", "sample"):
+            raise ValueError(f"`mode` must be 'mean' or 'sample'. Received: mode={mode!r}")
+        params = self.data_distribution_params(decoded)
+        if self.likelihood == "bernoulli":
+            probs = ops.sigmoid(ops.cast(params, "float32"))
+            if mode == "mean":
+                return probs
+            uniform = keras.random.uniform(ops.shape(probs), seed=self.seed_generator)
+            return ops.cast(uniform < probs, "float32")
+        return params.mean() if mode == "mean" else params.sample(seed=self.seed_generator)
+
+    def encode(self, x, sample=False):
+        """The posterior latents of images `x`.
+
+        Args:
+            x: images (see the call arguments). NaN or infinite values, an
+                empty batch, a wrong shape or values out of range raise
+                `ValueError`.
+            sample: return posterior samples instead of posterior means.
+
+        Returns:
+            A list of L NumPy float32 arrays `(B, h, w, latent_channels)`,
+            top layer first. The inference methods (`log_likelihood`,
+            `sample`, `reconstruct`, `encode`) all return NumPy arrays, as
+            `keras.Model.predict` does.
+        """
+        x = self._check_images(x)
+        result = self.top_down(self.bottom_up(x, training=False), training=False, return_latents=True)
+        return to_numpy(result["latents"] if sample else result["posterior_means"])
+
+    def reconstruct(self, x, mode="mean"):
+        """Decodes a posterior sample of each image: the mean (or a sample) of p(x|z).
+
+        Args:
+            x: images (see the call arguments), checked as in `encode`.
+            mode: `"mean"` or `"sample"`, as in `sample`.
+
+        Returns:
+            NumPy float32 array with the shape of `x`.
+        """
+        if mode not in ("mean", "sample"):
+            raise ValueError(f"`mode` must be 'mean' or 'sample'. Received: mode={mode!r}")
+        x = self._check_images(x)
+        result = self.top_down(self.bottom_up(x, training=False), training=False)
+        return to_numpy(self._data_mean_or_sample(result["decoded"], mode))
+
+    def sample(self, num_samples, temperature=1.0, mode="mean", readjust_batch_norm=False, readjust_steps=20):
+        """Draws images from the prior.
+
+        Args:
+            num_samples: positive int, the number of images.
+            temperature: finite positive float, the scale of the latent
+                noise (1.0: the model's prior).
+            mode: `"mean"` returns the mean of p(x|z) (Bernoulli
+                probabilities, or the mixture mean in [-1, 1]); `"sample"`
+                samples the pixels too.
+            readjust_batch_norm: bool. Re-estimate the batch-norm statistics
+                on `readjust_steps` passes of 100 prior samples at this
+                temperature first (NVAE's `--readjust_bn`, which keeps
+                low-temperature samples from degrading); the model's own
+                statistics are restored afterwards (see
+                `keras_avae.models.batch_norm_statistics`).
+            readjust_steps: positive int, passes for `readjust_batch_norm`.
+
+        Returns:
+            NumPy float32 array `(num_samples, H, W, C)`.
+        """
+        num_samples = check_positive_int(num_samples, "num_samples")
+        temperature = check_temperature(temperature)
+        if mode not in ("mean", "sample"):
+            raise ValueError(f"`mode` must be 'mean' or 'sample'. Received: mode={mode!r}")
+        if not isinstance(readjust_batch_norm, bool):
+            raise ValueError(f"`readjust_batch_norm` must be a bool. Received: readjust_batch_norm={readjust_batch_norm!r}")
+        if readjust_batch_norm:
+            with readjusted_batch_norm(self, temperature, steps=readjust_steps):
+                return self.sample(num_samples, temperature, mode)
+        result = self.top_down(batch_size=num_samples, training=False, temperature=temperature)
+        return to_numpy(self._data_mean_or_sample(result["decoded"], mode))
+
+    def interpolate(self, x_a, x_b, steps=8, mode="mean"):
+        """Images decoded along straight lines between the posterior means of `x_a` and `x_b`.
+
+        Every layer's latent is interpolated, `z_l(t) = (1 - t) mu_l(x_a) +
+        t mu_l(x_b)` for `steps` values of t from 0 to 1, and the L latents
+        are decoded together. `mu_l` is the posterior mean `encode` returns
+        (for l >= 1, at one posterior sample of the layers above).
+
+        Args:
+            x_a: an image `(H, W, C)` or a batch `(B, H, W, C)`.
+            x_b: the same shape as `x_a`.
+            steps: int >= 2, images per line, both ends included.
+            mode: `"mean"` or `"sample"`, as in `sample`.
+
+        Returns:
+            NumPy float32 array `(steps, H, W, C)` for single images, `(B,
+            steps, H, W, C)` for batches.
+        """
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 2:
+            raise ValueError(f"`steps` must be an int >= 2. Received: steps={steps!r}")
+        single = np.ndim(x_a) == 3
+        x_a = to_numpy(self._check_images(np.asarray(x_a)[None] if single else x_a, name="x_a"))
+        x_b = to_numpy(self._check_images(np.asarray(x_b)[None] if single else x_b, name="x_b"))
+        if x_a.shape != x_b.shape:
+            raise ValueError(f"`x_a` and `x_b` must have the same shape. Received: {x_a.shape} and {x_b.shape}")
+        t = np.linspace(0.0, 1.0, steps, dtype=np.float32).reshape(1, steps, 1, 1, 1)
+        latents = [
+            ((1 - t) * a[:, None] + t * b[:, None]).reshape((-1,) + a.shape[1:])
+            for a, b in zip(self.encode(x_a), self.encode(x_b))
+        ]
+        decoded = self.top_down(latents=latents, training=False)["decoded"]
+        images = to_numpy(self._data_mean_or_sample(decoded, mode)).reshape((len(x_a), steps) + x_a.shape[1:])
+        return images[0] if single else images
+
+    def _activation_floats_per_sample(self):
+        """Size of what one image-sample's pass holds, for evaluation's memory budget.
+
+        The widest full-resolution feature map plus, per stochastic layer,
+        the bottom-up feature and the top-down context at the latent size
+        (float32 values; the measured peak is a constant multiple of this,
+        see `keras_avae.evaluation`).
+        """
+        h, w, c = self.image_shape
+        latent = self._latent_size[0] * self._latent_size[1]
+        return h * w * max(self.preprocess_filters, c) + self.num_layers * latent * (
+            self._values + self._ik + self._context
+        )
+
+    def log_weights(self, x, features, num_samples):
+        """Importance log-weights `log p(x|z) + log p(z) - log q(z|x)`, `(B, num_samples)`.
+
+        `features` is `bottom_up(x)`: the deterministic pass is computed once
+        per image and shared by all samples.
+        """
+        batch = ops.shape(x)[0]
+        tiled = [ops.repeat(f, num_samples, axis=0) for f in features]
+        result = self.top_down(tiled, training=False, return_log_probs=True)
+        params = self.data_distribution_params(result["decoded"])
+        log_px = self._log_likelihood(params, ops.repeat(x, num_samples, axis=0))
+        log_w = log_px + result["log_prior"] - result["log_posterior"]
+        return ops.reshape(log_w, (batch, num_samples))
