@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 from keras_avae import cli, zoo
+from keras_avae.cli import parser as cli_parser
+from keras_avae.cli import sample as cli_sample
 from tests.test_datasets import make_mnist_dir
 from tests.test_training import decode_png
 
@@ -251,13 +253,13 @@ def test_demo_scores_the_shipped_sample_and_draws_grids(tmp_path, capsys):
 def _sample_with(tmp_path, capsys, monkeypatch, extra_sets, png="s.png"):
     """Runs `sample mnist-gumbel-small --weights pretrained`; returns (status, err, model, png bytes)."""
     loaded = {}
-    save_grid = cli._save_grid
+    save_grid = cli_sample._save_grid
 
     def capture(path, model, rows):
         loaded["model"] = model
         save_grid(path, model, rows)
 
-    monkeypatch.setattr(cli, "_save_grid", capture)
+    monkeypatch.setattr(cli_sample, "_save_grid", capture)  # where `sample` looks it up
     out = tmp_path / png
     status, _, err = run_main(
         ["sample", "mnist-gumbel-small", "--weights", "pretrained", "--num", "4", "--out", str(out)]
@@ -356,7 +358,7 @@ def test_library_import_still_registers_every_module():
 
 
 def test_help_shows_every_default():
-    parser = cli._build_parser()
+    parser = cli_parser._build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     for name, sub in commands.choices.items():
         text = "".join(sub.format_help().split())  # argparse wraps lines at spaces and hyphens

@@ -15,11 +15,7 @@ import pytest
 
 import keras_avae
 
-MODULES = sorted(
-    name
-    for _, name, _ in pkgutil.walk_packages(keras_avae.__path__, "keras_avae.")
-    if name != "keras_avae.cli"  # the command line is tested through `main` in test_cli.py
-)
+MODULES = sorted(name for _, name, _ in pkgutil.walk_packages(keras_avae.__path__, "keras_avae."))
 
 
 def public_members(module):

@@ -1,0 +1,69 @@
+"""Importing Keras and the backend for the commands that compute, quietly unless asked.
+
+Only `train`, `evaluate`, `sample`, `demo` and `report` call
+`_import_backend`, after their arguments are checked.
+"""
+
+import contextlib
+import importlib.util
+import logging
+import os
+import sys
+
+
+@contextlib.contextmanager
+def _stderr_silenced():
+    """Sends file descriptor 2 to /dev/null (C++ libraries write there, not to `sys.stderr`)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _import_backend(args, tensorflow=False):
+    """Imports Keras (and TensorFlow when the command uses `tf.data`), quietly unless asked.
+
+    TensorFlow prints its oneDNN and CUDA notices while it is imported,
+    before `TF_CPP_MIN_LOG_LEVEL` takes effect, so they are hidden by
+    silencing stderr for the import; the variable (3 unless the user set it)
+    hides the later ones. `--backend-logs`, or `TF_CPP_MIN_LOG_LEVEL=0`,
+    shows everything.
+    """
+    import keras_avae
+
+    if "keras_avae.training" in sys.modules and (not tensorflow or "tensorflow" in sys.modules):
+        return  # already imported (a second command in one process, the tests)
+    quiet = not args.backend_logs and os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3") != "0"
+    if quiet:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    with _stderr_silenced() if quiet else contextlib.nullcontext():
+        import keras  # noqa: F401  (imports the backend)
+
+        if tensorflow and importlib.util.find_spec("tensorflow") is not None:
+            import tensorflow  # noqa: F401
+        # What `import keras_avae` imports outside the command line: some
+        # modules import TensorFlow (or its relatives) on every backend.
+        for module in keras_avae._SUBMODULES:
+            importlib.import_module(f"keras_avae.{module}")
+        from keras_avae.distributions.tfp import has_tfp, tfd
+
+        if has_tfp():
+            tfd()  # TFP's JAX substrate imports TensorFlow too
+    if quiet:
+        if "absl.logging" in sys.modules:
+            sys.modules["absl.logging"].set_verbosity("error")
+        # "An NVIDIA GPU may be present ... Falling back to cpu" and the like.
+        logging.getLogger("jax._src.xla_bridge").setLevel(logging.ERROR)
+        logging.getLogger("tensorflow").setLevel(logging.ERROR)
+
+
+def _backend():
+    import keras
+
+    return keras.backend.backend()

@@ -1,0 +1,75 @@
+"""`keras-avae evaluate`: the importance-sampled NLL of a split, printed as one JSON object."""
+
+import json
+import sys
+
+from keras_avae.cli.arguments import _parse_sets
+from keras_avae.cli.backend import _import_backend
+from keras_avae.cli.checks import _check_dir
+from keras_avae.cli.checks import _check_name
+from keras_avae.cli.checks import _check_weights
+from keras_avae.cli.checks import _load_model
+
+
+def _cmd_evaluate(args):
+    _check_name(args.name)
+    _check_dir(args.data_dir, "--data-dir")
+    _check_weights(args)
+    _parse_sets(args.set)
+    _import_backend(args, tensorflow=True)
+    import hashlib
+
+    from keras_avae import datasets, evaluation, zoo
+
+    model = _load_model(args)
+    data = zoo.describe(args.name)["dataset"]
+    # Static binarisation with a fixed seed: the same binary test set every run.
+    test = datasets.make_dataset(
+        data,
+        args.split,
+        args.data_dir,
+        args.batch_size,
+        shuffle=False,
+        seed=args.seed,
+        limit=args.limit,
+        resize_images=args.resize_images,
+    )
+    weights = zoo.pretrained_path(args.name) if args.weights == "pretrained" else args.weights
+    with open(weights, "rb") as f:
+        weights_sha256 = hashlib.sha256(f.read()).hexdigest()
+    # What a progress file must match to be resumed: the same model, weights and images.
+    run_info = {
+        "name": args.name,
+        "weights_sha256": weights_sha256,
+        "set": sorted(args.set or []),
+        "split": args.split,
+        "limit": args.limit,
+        "batch_size": args.batch_size,
+    }
+
+    def report(images, log_px, seconds):
+        print(
+            f"evaluate: {images} images, NLL so far {-log_px.mean():.2f} nats, {seconds:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    scores = evaluation.score_batches(
+        model,
+        test,
+        num_samples=args.num_samples,
+        seed=args.seed,
+        progress_path=args.progress,
+        run_info=run_info,
+        report=report if args.verbose else None,
+    )
+    result = {
+        "name": args.name,
+        "weights": args.weights,
+        "split": args.split,
+        "num_samples": args.num_samples,
+        **evaluation.summarize(scores["log_px"], scores["elbo"], model.num_data_dims),
+        "seconds": round(scores["seconds"], 1),
+        "resumed_images": scores["resumed_images"],
+    }
+    print(json.dumps(result))

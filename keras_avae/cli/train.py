@@ -1,0 +1,94 @@
+"""`keras-avae train`: trains a zoo entry into a run folder (resuming a killed run there)."""
+
+import sys
+import time
+
+from keras_avae.cli.arguments import _parse_sets
+from keras_avae.cli.arguments import _positive
+from keras_avae.cli.backend import _import_backend
+from keras_avae.cli.checks import _check_dir
+from keras_avae.cli.checks import _check_name
+
+
+def _cmd_train(args):
+    _check_name(args.name)
+    _check_dir(args.data_dir, "--data-dir")
+    save_freq = args.save_freq if args.save_freq == "epoch" else _positive(int)(args.save_freq)
+    _import_backend(args, tensorflow=True)
+    from keras_avae import training
+
+    # The strategy first: TensorFlow must not initialise before the CPU
+    # split, nor JAX before its host devices or process group are set.
+    strategy = training.make_strategy(
+        args.strategy,
+        args.cpu_devices,
+        coordinator_address=args.coordinator_address,
+        num_processes=args.num_processes,
+        process_id=args.process_id,
+    )
+    from keras_avae import datasets, zoo
+
+    config_overrides, recipe_overrides = training.split_overrides(args.name, _parse_sets(args.set))
+    config_overrides.setdefault("seed", args.seed)
+    recipe = training.resolve_recipe(args.name, **recipe_overrides)
+    replicas = training.num_replicas(strategy)
+    global_batch = (args.batch_size or recipe["batch_size_per_replica"]) * replicas
+    data = zoo.describe(args.name)["dataset"]
+    examples = len(datasets.load(data, args.data_dir, "train", resize_images=args.resize_images)[0])
+    data_info = {"dataset": data, "limit": args.limit, "seed": args.seed}
+    if datasets.locate(data, args.data_dir, "train")[0] is datasets.read_image_folder:
+        data_info.update(source="image_folder", resize_images=args.resize_images)
+    batches = min(examples, args.limit or examples) // global_batch  # full batches only
+    steps = args.steps_per_epoch or recipe.get("steps_per_epoch") or max(1, batches)
+    _check_enough_data(args.limit, examples, global_batch, steps)
+    # Fewer steps than batches: one stream over the epochs (a finite dataset
+    # would be cut short in the epoch where it runs out).
+    train_data = datasets.make_dataset(
+        data,
+        "train",
+        args.data_dir,
+        global_batch,
+        seed=args.seed,
+        limit=args.limit,
+        # tf.distribute shards the pipeline itself; on JAX, Keras splits
+        # each global batch over the devices and processes.
+        strategy=strategy if training.BACKEND == "tensorflow" else None,
+        repeat=steps < batches,
+        resize_images=args.resize_images,
+    )
+    start = time.time()
+    training.train(
+        args.name,
+        train_data,
+        args.output,
+        epochs=args.epochs,
+        steps_per_epoch=steps,
+        strategy=strategy,
+        batch_size=global_batch,
+        config_overrides=config_overrides,
+        save_freq=save_freq,
+        verbose=args.verbose,
+        data_info=data_info,
+        seed=args.seed,
+        deterministic=args.deterministic,
+        **recipe_overrides,
+    )
+    print(f"Trained {args.name} in {time.time() - start:.0f} s; final model in {args.output}", file=sys.stderr)
+
+
+def _check_enough_data(limit, examples, batch_size, steps_per_epoch):
+    """Refuses, before training, data that cannot fill one batch or one epoch."""
+    used = min(examples, limit or examples)
+    batches = used // batch_size
+    source = f"limit={limit} keeps {used}" if limit else f"the split has {used}"
+    if batches == 0:
+        raise ValueError(
+            f"`limit` too small: {source} training images, fewer than one batch of {batch_size}. "
+            f"Received: limit={limit}, batch_size={batch_size} (global)"
+        )
+    if batches < steps_per_epoch:
+        raise ValueError(
+            f"`steps_per_epoch`={steps_per_epoch} needs {steps_per_epoch * batch_size} images per epoch "
+            f"({steps_per_epoch} batches of {batch_size}) but {source}: {batches} batches. Use a smaller "
+            f"--steps-per-epoch or a larger --limit. Received: steps_per_epoch={steps_per_epoch}, limit={limit}"
+        )
