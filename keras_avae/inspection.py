@@ -294,23 +294,16 @@ def nonlocal_attention(model, x, query_pixels, batch_size=100):
 
 
 def interpolate(model, x_a, x_b, steps=8, mode="mean"):
-    """Images decoded along straight lines between the posterior means of `x_a` and `x_b`.
+    """Images decoded along straight lines between the latents of `x_a` and `x_b`.
 
-    Every layer's latent is interpolated, `z_l(t) = (1 - t) mu_l(x_a) + t
-    mu_l(x_b)` for `steps` values of t from 0 to 1, and the L latents are
-    decoded together. `mu_l` is the posterior mean `encode` returns (for
-    l >= 1, at one posterior sample of the layers above).
-
-    Args:
-        model: a `HierarchicalVAE`.
-        x_a: an image `(H, W, C)` or a batch `(B, H, W, C)`.
-        x_b: the same shape as `x_a`.
-        steps: int >= 2, images per line, both ends included.
-        mode: `"mean"` or `"sample"`, as in `sample`.
+    `model.interpolate(x_a, x_b, steps, mode)` (see
+    `HierarchicalInference.interpolate`): every layer's posterior mean is
+    interpolated linearly, both ends included, and the L latents decoded
+    together.
 
     Returns:
-        NumPy float32 array `(steps, H, W, C)` for single images, `(B,
-        steps, H, W, C)` for batches.
+        NumPy float32 array `(steps, H, W, C)` for single images `(H, W, C)`,
+        `(B, steps, H, W, C)` for batches.
 
     Example:
 

@@ -25,27 +25,14 @@ from keras_avae.report import figures
 from keras_avae.report import read_history
 from keras_avae.report import write_report
 from keras_avae.report.artifacts import jsonable
+from tests.models import test_hierarchical_vae
 from tests.models.test_hierarchical_vae import shapes_batch
 
 BACKEND = os.environ.get("KERAS_BACKEND", "tensorflow")
 pytestmark = pytest.mark.skipif(BACKEND == "torch", reason="the report is tested on TensorFlow and JAX")
 
-TINY = dict(
-    image_shape=(8, 8, 1),
-    num_layers=3,
-    latent_channels=2,
-    preprocess_filters=4,
-    decoder_filters=4,
-    cells_per_layer=1,
-    generative_attention_dim=2,
-    inference_attention_dim=2,
-    nonlocal_blocks=("merge",),
-    nonlocal_key_dim=2,
-    nonlocal_attention="softmax",
-    likelihood="bernoulli",
-    crop=1,
-    seed=3,
-)
+# The hierarchical VAE tests' tiny model, with one non-local place and a crop.
+TINY = dict(test_hierarchical_vae.TINY, nonlocal_blocks=("merge",), crop=1, seed=3)
 SEED = 5
 BATCH = 5  # images per pass: the posterior samples depend on the batching
 TEMPERATURES = (0.6, 1.0)
