@@ -7,19 +7,22 @@ import sys
 __version__ = "0.1.0.dev0"
 
 _SUBMODULES = ("datasets", "distributions", "evaluation", "layers", "models", "ops", "training", "zoo")
-__all__ = list(_SUBMODULES)
+# Imported on first use only: they register nothing with Keras, and the
+# report pulls in matplotlib.
+_ON_USE = ("inspection", "report")
+__all__ = list(_SUBMODULES + _ON_USE)
 
 
 def __getattr__(name):
     # `keras_avae.layers` etc. import on first use where they were not
     # imported eagerly (the command line, below).
-    if name in _SUBMODULES:
+    if name in _SUBMODULES + _ON_USE:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_SUBMODULES))
+    return sorted(set(globals()) | set(_SUBMODULES + _ON_USE))
 
 
 def _started_as_the_command_line():

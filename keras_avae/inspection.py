@@ -202,13 +202,13 @@ def depthwise_attention(model, x, batch_size=100):
 
 
 def nonlocal_blocks(model):
-    """The model's `NonLocalBlock`s by path, in the order of the forward pass's construction.
+    """The model's `NonLocalBlock`s by path (in the order Keras tracks them).
 
     Example:
 
     >>> from keras_avae import zoo
-    >>> sorted(nonlocal_blocks(zoo.load("mnist-attentive-small")))[:1]  # doctest: +SKIP
-    ['hierarchical_vae/decoder_1_0/nonlocal_0']
+    >>> sorted(nonlocal_blocks(zoo.load("mnist-attentive-small")))[:2]  # doctest: +SKIP
+    ['hierarchical_vae/decoder_1_0/node0_nonlocal', 'hierarchical_vae/decoder_1_0/node1_nonlocal']
     """
     return {layer.path: layer for layer in nested_layers(model) if isinstance(layer, NonLocalBlock)}
 
@@ -250,7 +250,8 @@ def nonlocal_attention(model, x, query_pixels, batch_size=100):
         batch_size: positive int, images per pass.
 
     Returns:
-        A dict from block path to a dict: `"query_pixels"` (the positions in
+        A dict from block path, in the order the forward pass runs the
+        blocks, to a dict: `"query_pixels"` (the positions in
         the block's resolution), `"maps"` float32 `(N, Q, h_b, w_b)`, each
         summing to 1, `"gamma"` (the block's learned output scale; 0 means
         the attention does not reach the output) and `"attention"`
@@ -278,6 +279,7 @@ def nonlocal_attention(model, x, query_pixels, batch_size=100):
     for b in _batches(x, batch_size):
         with _recording_inputs(blocks) as inputs:
             model(ops.convert_to_tensor(b), training=False)
+        order = list(inputs)  # dicts keep insertion order: the order of the calls
         for path, block in blocks.items():
             h_b, w_b = inputs[path].shape[1:3]
             positions[path] = [(r * h_b // height, c * w_b // width) for r, c in pixels]
@@ -286,10 +288,10 @@ def nonlocal_attention(model, x, query_pixels, batch_size=100):
         path: {
             "query_pixels": positions[path],
             "maps": np.concatenate(maps[path]).astype(np.float32),
-            "gamma": float(to_numpy(block.gamma)),
-            "attention": block.attention,
+            "gamma": float(to_numpy(blocks[path].gamma)),
+            "attention": blocks[path].attention,
         }
-        for path, block in blocks.items()
+        for path in order
     }
 
 

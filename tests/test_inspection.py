@@ -129,6 +129,26 @@ def test_nonlocal_attention_maps_reproduce_the_blocks():
         inspection.nonlocal_attention(tiny_model(nonlocal_blocks=()), x, [(0, 0)])
     # The recording is undone: the blocks run their own `call` again.
     assert all("call" not in vars(block) for block in _blocks(model))
+    # Each block's maps are its own attention at the input it was given:
+    # inputs captured here, independently, with the same posterior draws.
+    captured, order = {}, []
+    for path, block in inspection.nonlocal_blocks(model).items():
+        def record(x, *args, _path=path, _call=block.call, **kwargs):
+            captured[_path] = x
+            order.append(_path)
+            return _call(x, *args, **kwargs)
+
+        block.call = record
+    reset_seed(model)
+    model(x, training=False)
+    for block in _blocks(model):
+        del block.call
+    reset_seed(model)
+    result = inspection.nonlocal_attention(model, x, [(0, 0), (7, 5)], batch_size=3)
+    assert list(result) == order  # the order the forward pass runs them
+    for path, block in inspection.nonlocal_blocks(model).items():
+        expected = to_numpy(block.attention_map(captured[path], [(0, 0), (3, 2)]))
+        np.testing.assert_allclose(result[path]["maps"], expected, rtol=1e-5, atol=1e-6)
 
 
 def test_decoding_given_latents_reproduces_the_posterior_pass():
@@ -210,18 +230,45 @@ def test_readjusted_batch_norm_averages_batch_statistics_and_restores_them():
     assert all(n.momentum == model.bn_momentum for n in norms)
 
 
-def test_sample_with_readjusted_batch_norm():
+@pytest.mark.parametrize("frozen", [False, True])
+def test_sample_with_readjusted_batch_norm(frozen):
     model = tiny_model()
     randomize_gates(model)
     for norm in batch_norm_layers(model):  # statistics far from the samples'
         norm.moving_mean.assign(norm.moving_mean + 3.0)
+    model.trainable = not frozen  # Keras uses batch statistics only in trainable layers
+    values = {v.path: to_numpy(v) for v in model.variables}
     reset_seed(model)
     plain = model.sample(4, temperature=0.6)
+    plain_state = to_numpy(model.seed_generator.state)
     reset_seed(model)
     readjusted = model.sample(4, temperature=0.6, readjust_batch_norm=True, readjust_steps=2)
+    # The same noise (the passes give the generator back): only the
+    # statistics differ, and they are restored afterwards.
+    np.testing.assert_array_equal(to_numpy(model.seed_generator.state), plain_state)
     assert readjusted.shape == plain.shape and np.isfinite(readjusted).all()
     assert not np.allclose(plain, readjusted)
+    for v in model.variables:
+        if v is not model.seed_generator.state:
+            np.testing.assert_array_equal(to_numpy(v), values[v.path])
+    assert model.trainable == (not frozen) and all(n.trainable == (not frozen) for n in batch_norm_layers(model))
+    # `sample(readjust_batch_norm=True)` is sampling inside the context.
+    reset_seed(model)
+    with readjusted_batch_norm(model, temperature=0.6, steps=2):
+        reset_seed(model)
+        inside = model.sample(4, temperature=0.6)
+    np.testing.assert_allclose(inside, readjusted, atol=1e-6)
     with pytest.raises(ValueError, match="readjust_batch_norm=1"):
         model.sample(2, readjust_batch_norm=1)
-    with pytest.raises(ValueError, match="steps"):
+    with pytest.raises(ValueError, match="readjust_steps=0"):
         model.sample(2, readjust_batch_norm=True, readjust_steps=0)
+
+
+def test_readjusted_batch_norm_restores_the_statistics_after_an_error():
+    model = tiny_model()
+    values = {v.path: to_numpy(v) for v in model.variables}
+    with pytest.raises(RuntimeError, match="inside"):
+        with readjusted_batch_norm(model, temperature=0.8, steps=2, batch_size=4):
+            raise RuntimeError("inside")
+    for v in model.variables:
+        np.testing.assert_array_equal(to_numpy(v), values[v.path], err_msg=v.path)

@@ -190,7 +190,7 @@ def test_sample_grids_are_the_models_samples_with_and_without_readjustment(writt
     ]
     for index, grid in enumerate(drawn["grids"]):
         temperature, readjust = grid["temperature"], grid["readjust_batch_norm"]
-        with builder._seeded(model, SEED, builder._STREAMS["samples"] + index):
+        with builder._seeded(model, SEED, builder._STREAMS["samples"] + index // 2):
             samples = model.sample(4, temperature=temperature, readjust_batch_norm=readjust)
         close(grid["images"], crop(samples))
     # Different temperatures and the re-adjustment change the images.
@@ -223,11 +223,12 @@ def test_figures_do_not_depend_on_the_generators_state_which_is_restored(written
                          progress=False)
     np.testing.assert_array_equal(np.asarray(model.seed_generator.state.value), state)
     assert "training_curves" in again["skipped"] and "training_curves" not in again["figures"]
-    # Grid k is drawn from stream `samples + k`, whatever ran before it.
+    # The grids of temperature k are drawn from stream `samples + k`,
+    # whatever ran before them.
     model.sample(2)
     drawn = json.loads((tmp_path / "samples.json").read_text())["grids"]
     assert [(g["temperature"], g["readjust_batch_norm"]) for g in drawn] == [(1.0, False), (1.0, True)]
-    with builder._seeded(model, SEED, builder._STREAMS["samples"] + 1):
+    with builder._seeded(model, SEED, builder._STREAMS["samples"]):
         close(drawn[1]["images"], crop(model.sample(4, temperature=1.0, readjust_batch_norm=True)))
 
 

@@ -9,13 +9,16 @@ training mode many times at the chosen temperature, then samples in
 inference mode. `readjusted_batch_norm` does the same for the layers the
 sampler runs, with a plain average over the passes (each pass weighs the
 same, whatever the layer's momentum), and puts every statistic back on
-exit, so the model that scores images is unchanged.
+exit, so the model that scores images is unchanged. The passes draw their
+latents from the model's seed generator and then put its state back, so
+sampling after the re-adjustment uses the same noise as sampling without:
+the two differ by the statistics alone.
 """
 
 import contextlib
 
 import keras
-import numpy as np
+from keras import ops
 
 from keras_avae._validation import check_positive_int
 from keras_avae._validation import check_temperature
@@ -42,9 +45,12 @@ def readjusted_batch_norm(model, temperature=1.0, steps=20, batch_size=100):
     training=True)` `steps` times with each batch-norm layer's moving mean
     and variance set to the average of the per-pass batch statistics
     (momentum `k / (k + 1)` at pass `k`). The log-scale noise of training is
-    off during these passes: only the batch-norm layers run as in training.
-    On exit the original statistics (and momenta) are restored, even after
-    an error. Trainable weights are never touched.
+    off during these passes: only the batch-norm layers run as in training
+    (made trainable for the passes, since Keras uses batch statistics only
+    in trainable batch-norm layers). The seed generator's state is put back
+    after the passes. On exit the original statistics, momenta and
+    `trainable` flags are restored, even after an error. Trainable weights
+    are never touched.
 
     Args:
         model: a `HierarchicalVAE` (anything with `top_down(batch_size=...,
@@ -67,21 +73,34 @@ def readjusted_batch_norm(model, temperature=1.0, steps=20, batch_size=100):
     steps = check_positive_int(steps, "steps")
     batch_size = check_positive_int(batch_size, "batch_size")
     norms = batch_norm_layers(model)
-    saved = [(norm.momentum, np.array(norm.moving_mean), np.array(norm.moving_variance)) for norm in norms]
+    saved = [
+        (norm.momentum, norm.trainable, ops.convert_to_numpy(norm.moving_mean), ops.convert_to_numpy(norm.moving_variance))
+        for norm in norms
+    ]
+    seed_state = ops.convert_to_numpy(model.seed_generator.state.value)
     noise = model.log_scale_noise
+
+    def restore_settings():
+        model.log_scale_noise = noise
+        for norm, (momentum, trainable, _, _) in zip(norms, saved):
+            norm.momentum, norm.trainable = momentum, trainable
+
     try:
         model.log_scale_noise = 0.0
-        for k in range(steps):
-            for norm in norms:
-                norm.momentum = k / (k + 1)
-            model.top_down(batch_size=batch_size, training=True, temperature=temperature)
-        model.log_scale_noise = noise
-        for norm, (momentum, _, _) in zip(norms, saved):
-            norm.momentum = momentum
+        for norm in norms:
+            norm.trainable = True
+        try:
+            for k in range(steps):
+                for norm in norms:
+                    norm.momentum = k / (k + 1)
+                model.top_down(batch_size=batch_size, training=True, temperature=temperature)
+        finally:
+            # The body draws what it would have drawn without the passes.
+            model.seed_generator.state.assign(seed_state)
+        restore_settings()
         yield model
     finally:
-        model.log_scale_noise = noise
-        for norm, (momentum, mean, variance) in zip(norms, saved):
-            norm.momentum = momentum
+        restore_settings()
+        for norm, (_, _, mean, variance) in zip(norms, saved):
             norm.moving_mean.assign(mean)
             norm.moving_variance.assign(variance)

@@ -92,7 +92,8 @@ class HierarchicalInference:
                 temperature first (NVAE's `--readjust_bn`, which keeps
                 low-temperature samples from degrading); the model's own
                 statistics are restored afterwards (see
-                `keras_avae.models.batch_norm_statistics`).
+                `keras_avae.models.batch_norm_statistics`). The same noise
+                is drawn as without it: only the statistics differ.
             readjust_steps: positive int, passes for `readjust_batch_norm`.
 
         Returns:
@@ -105,6 +106,7 @@ class HierarchicalInference:
         if not isinstance(readjust_batch_norm, bool):
             raise ValueError(f"`readjust_batch_norm` must be a bool. Received: readjust_batch_norm={readjust_batch_norm!r}")
         if readjust_batch_norm:
+            readjust_steps = check_positive_int(readjust_steps, "readjust_steps")
             with readjusted_batch_norm(self, temperature, steps=readjust_steps):
                 return self.sample(num_samples, temperature, mode)
         result = self.top_down(batch_size=num_samples, training=False, temperature=temperature)
@@ -128,7 +130,7 @@ class HierarchicalInference:
             NumPy float32 array `(steps, H, W, C)` for single images, `(B,
             steps, H, W, C)` for batches.
         """
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 2:
+        if check_positive_int(steps, "steps") < 2:
             raise ValueError(f"`steps` must be an int >= 2. Received: steps={steps!r}")
         single = np.ndim(x_a) == 3
         x_a = to_numpy(self._check_images(np.asarray(x_a)[None] if single else x_a, name="x_a"))

@@ -9,7 +9,6 @@ same report.
 """
 
 import contextlib
-import inspect
 import pathlib
 import time
 
@@ -26,8 +25,8 @@ from keras_avae.report.history import read_history
 from keras_avae.report.page import write_page
 
 # The seed-generator stream of each random step: state (seed, stream << 20),
-# so the steps draw disjoint runs of seeds. Sample grid k uses
-# `_STREAMS["samples"] + k`, k = 2 * temperature index + readjust.
+# so the steps draw disjoint runs of seeds. The sample grids of temperature
+# k use `_STREAMS["samples"] + k`, with and without re-adjustment.
 _STREAMS = {
     "kl_per_layer": 1,
     "active_units": 2,
@@ -195,9 +194,11 @@ def write_report(
     num_samples = check_positive_int(num_samples, "num_samples")
     num_reconstructions = check_positive_int(num_reconstructions, "num_reconstructions")
     num_interpolations = check_positive_int(num_interpolations, "num_interpolations")
-    interpolation_steps = check_positive_int(interpolation_steps, "interpolation_steps")
-    if not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"`seed` must be a non-negative int. Received: seed={seed!r}")
+    if check_positive_int(interpolation_steps, "interpolation_steps") < 2:
+        raise ValueError(f"`interpolation_steps` must be an int >= 2. Received: interpolation_steps={interpolation_steps!r}")
+    batch_size = check_positive_int(batch_size, "batch_size")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**31:
+        raise ValueError(f"`seed` must be an int in [0, 2**31). Received: seed={seed!r}")
     if query_pixels is None:
         query_pixels = _default_query_pixels(x[0], model.crop, model.pixel_range)
     query_pixels = _check_query_pixels(query_pixels, model.image_shape)
@@ -208,8 +209,7 @@ def write_report(
     crop, pixel_range = model.crop, model.pixel_range
     has_generative = any(a is not None for a in model.generative_attends)
     has_inference = bool(model.inference_attends)
-    readjust = "readjust_batch_norm" in inspect.signature(model.sample).parameters
-    modes = (False, True) if readjust else (False,)
+    modes = (False, True)
     pairs = [(2 * i, 2 * i + 1) for i in range(min(num_interpolations, len(x) // 2))]
     total = 6 + len(temperatures) * len(modes)
     steps = _Steps(total, progress)
@@ -252,15 +252,14 @@ def write_report(
     sample_grids = []
     for t_index, temperature in enumerate(temperatures):
         for mode in modes:
-            kwargs = {"readjust_batch_norm": mode} if readjust else {}
-            with _seeded(model, seed, _STREAMS["samples"] + 2 * t_index + mode):
-                drawn = model.sample(num_samples, temperature=temperature, **kwargs)
+            # The same stream with and without re-adjustment (which puts the
+            # generator back after its passes): the same latent noise, so
+            # the two grids differ by the batch-norm statistics alone.
+            with _seeded(model, seed, _STREAMS["samples"] + t_index):
+                drawn = model.sample(num_samples, temperature=temperature, readjust_batch_norm=mode)
             sample_grids.append({"temperature": temperature, "readjust_batch_norm": mode, "images": drawn})
             steps.step()
     records.append(grids.sample_grids(sample_grids, out, crop, pixel_range))
-    if not readjust:
-        skip("samples_readjusted", "Samples with re-adjusted batch norm",
-             "This version of the model's sample() has no readjust_batch_norm argument.")
 
     shown = x[:num_reconstructions]
     with _seeded(model, seed, _STREAMS["reconstructions"]):
@@ -268,13 +267,11 @@ def write_report(
     records.append(grids.reconstruction_grid(shown, reconstructions, out, crop, pixel_range))
     steps.step()
 
-    if pairs:
-        first, second = x[[a for a, _ in pairs]], x[[b for _, b in pairs]]
-        with _seeded(model, seed, _STREAMS["interpolations"]):
-            path = inspection.interpolate(model, first, second, steps=interpolation_steps)
-        records.append(grids.interpolation_grid(path, pairs, out, crop, pixel_range))
-    else:
-        skip("interpolations", "Interpolations", f"Interpolations need two images. Received: {len(x)} image(s)")
+    # At least one pair: `images` holds 2 or more.
+    first, second = x[[a for a, _ in pairs]], x[[b for _, b in pairs]]
+    with _seeded(model, seed, _STREAMS["interpolations"]):
+        path = inspection.interpolate(model, first, second, steps=interpolation_steps)
+    records.append(grids.interpolation_grid(path, pairs, out, crop, pixel_range))
     steps.step()
 
     header = {

@@ -44,6 +44,8 @@ def load_images(dataset, data_dir, split="test", num_images=500, seed=0, resize_
         seed=seed,
         limit=num_images,
         resize_images=resize_images,
+        # One fixed binary draw whatever the split ("auto" is dynamic for train).
+        binarize="static" if dataset in ("mnist", "omniglot") else "auto",
     )
     images = np.concatenate([np.asarray(batch, "float32") for batch in batches])
     binary = " statically binarised with seed " + str(seed) if dataset in ("mnist", "omniglot") else ""

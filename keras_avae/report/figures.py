@@ -265,7 +265,10 @@ def nonlocal_maps(image, blocks, query_pixels, out_dir, crop=0, pixel_range=(0.0
             )
         for column, (axes, (qr, qc)) in enumerate(zip(panels[row], query_pixels)):
             axes.imshow(shown, cmap="gray", vmin=0.0, vmax=1.0, extent=extent, interpolation="nearest")
-            axes.imshow(maps[column], cmap="inferno", alpha=0.65, extent=extent, interpolation="nearest")
+            axes.imshow(
+                maps[column], cmap="inferno", alpha=0.65, extent=extent, interpolation="nearest",
+                vmin=0.0, vmax=float(maps[column].max()),
+            )
             axes.plot(qc, qr, marker="+", color="cyan", markersize=10, markeredgewidth=2)
             axes.set(xlim=(crop - 0.5, width - crop - 0.5), ylim=(height - crop - 0.5, crop - 0.5))
             axes.set_xticks([])
