@@ -24,6 +24,7 @@ model with a `seed` for numbers that repeat.
 """
 
 import contextlib
+import numbers
 
 import numpy as np
 from keras import ops
@@ -118,7 +119,9 @@ def active_units(model, x, threshold=0.01, num_samples=8, batch_size=100):
     x = _checked(model, x)
     if len(x) < 2:
         raise ValueError(f"`x` must hold at least 2 images to measure a variance. Received: {len(x)} image")
-    if not (isinstance(threshold, (int, float)) and np.isfinite(threshold) and threshold >= 0):
+    if isinstance(threshold, (bool, np.bool_)) or not (
+        isinstance(threshold, numbers.Real) and np.isfinite(threshold) and threshold >= 0
+    ):
         raise ValueError(f"`threshold` must be a non-negative number. Received: threshold={threshold!r}")
     num_samples = check_positive_int(num_samples, "num_samples")
     means = []

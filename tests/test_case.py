@@ -268,14 +268,16 @@ class TestCase:
             self.assertAllClose(outputs(from_preset), expected, atol=1e-5, rtol=1e-5)
 
         # One training step changes the weights and keeps the loss finite.
-        before = [np.array(w) for w in ops.convert_to_numpy(model.trainable_weights[0])]
+        before = [ops.convert_to_numpy(w) for w in model.trainable_weights]
         model.compile(optimizer=keras.optimizers.Adam(1e-2))
         history = model.fit(input_data, epochs=1, batch_size=_batch_size(input_data), verbose=0)
         assert np.isfinite(history.history["loss"][0])
-        assert not np.allclose(before, ops.convert_to_numpy(model.trainable_weights[0]))
+        after = [ops.convert_to_numpy(w) for w in model.trainable_weights]
+        assert sum(not np.allclose(a, b) for a, b in zip(before, after)) > len(before) // 2
 
-        # Mixed precision: float16/bfloat16 compute, float32 ELBO terms
-        # close to the float32 model's with the same weights.
+        # Mixed precision (bfloat16 compute): float32 ELBO terms and, with
+        # `mixed_precision_atol`, per-image KLs and NLL close to the float32
+        # model's with the same weights.
         mixed = cls(**{**init_kwargs, "dtype": "mixed_bfloat16"})
         mixed.build()
         mixed.set_weights(clone.get_weights())
@@ -283,7 +285,7 @@ class TestCase:
         for key, value in mixed(input_data, training=False).items():
             assert keras.backend.standardize_dtype(value.dtype) == "float32", key
         if mixed_precision_atol is not None:
-            self.assertAllClose(result[:, -1], expected[:, -1], atol=mixed_precision_atol, rtol=0.05)
+            self.assertAllClose(result, expected, atol=mixed_precision_atol, rtol=0.05)
 
 
 def _batch_size(data):
