@@ -36,23 +36,22 @@ _TEST_FRACTION = 0.1
 _SIXTEEN_BIT = ("I", "I;16", "I;16B", "I;16L", "I;16N")
 
 
-def _image_files(folder):
-    """Relative POSIX paths of the image files under `folder`, sorted, hidden names skipped."""
-    found = []
+def _walk_image_files(folder):
+    """Yields the relative POSIX paths of the image files under `folder`, hidden names skipped."""
     for directory, subfolders, files in os.walk(folder):
         subfolders[:] = [d for d in subfolders if not d.startswith(".")]
         rel = pathlib.PurePosixPath(pathlib.Path(directory).relative_to(folder).as_posix())
-        found.extend(rel / f for f in files if not f.startswith(".") and f.lower().endswith(_SUFFIXES))
-    return sorted(found, key=lambda p: p.parts)
+        yield from (rel / f for f in files if not f.startswith(".") and f.lower().endswith(_SUFFIXES))
+
+
+def _image_files(folder):
+    """The image files under `folder` (relative paths), sorted."""
+    return sorted(_walk_image_files(folder), key=lambda p: p.parts)
 
 
 def _has_images(folder):
-    """Whether `folder` holds an image file, directly or in a subfolder."""
-    for _, subfolders, files in os.walk(folder):
-        subfolders[:] = [d for d in subfolders if not d.startswith(".")]
-        if any(not f.startswith(".") and f.lower().endswith(_SUFFIXES) for f in files):
-            return True
-    return False
+    """Whether `folder` holds an image file, directly or in a subfolder (stops at the first)."""
+    return next(_walk_image_files(folder), None) is not None
 
 
 def _in_test_split(relative_path):
