@@ -198,7 +198,8 @@ def depthwise_attention(model, x, batch_size=100):
             if weights is not None:
                 first = 0 if kind == "generative" else layer
                 matrix[layer, first : first + weights.shape[-1]] = weights.mean(axis=(0, 1, 2))
-        gate_weights = model.generative_gates if kind == "generative" else model.inference_gates
+        cells = [None, *model.prior_cells] if kind == "generative" else model.posterior_cells
+        gate_weights = [None if cell is None else cell.gate for cell in cells]
         gates = np.array([0.0 if g is None else float(to_numpy(g)) for g in gate_weights], np.float32)
         out[kind] = {"per_pixel": per_pixel, "matrix": matrix, "gates": gates}
     return out

@@ -21,7 +21,8 @@ def tiny_model(**overrides):
 
 
 def randomize_gates(model, value=0.7):
-    for gate in model.generative_gates[1:] + model.inference_gates + [b.gamma for b in _blocks(model)]:
+    cells = model.prior_cells + model.posterior_cells
+    for gate in [cell.gate for cell in cells] + [b.gamma for b in _blocks(model)]:
         if gate is not None:
             gate.assign(value)
 
@@ -95,7 +96,7 @@ def test_depthwise_attention_refuses_a_baseline():
 def _perturb_attention(model):
     """New logit scales and output normalisations of every depth-wise attention."""
     rng = np.random.default_rng(3)
-    for attend in [a for a in model.generative_attends + model.inference_attends if a is not None]:
+    for attend in [cell.attend for cell in model.prior_cells + model.posterior_cells if cell.attend is not None]:
         for weight in attend.weights:
             weight.assign(rng.normal(size=weight.shape).astype("float32") * 3.0)
 

@@ -47,7 +47,7 @@ def tiny_model(**overrides):
     model = HierarchicalVAE(**{**TINY, **overrides})
     model.build()
     # Non-zero gates and non-local scales, so the attention reaches the output.
-    for gate in [g for g in model.generative_gates if g is not None] + list(model.inference_gates):
+    for gate in [cell.gate for cell in model.prior_cells + model.posterior_cells if cell.gate is not None]:
         gate.assign(0.5)
     for block in inspection.nonlocal_blocks(model).values():
         block.gamma.assign(0.3)

@@ -47,7 +47,15 @@ def _build_parser():
     )
 
     commands.add_parser("zoo", help="list the zoo entries with their descriptions")
+    _add_train_parser(commands, backend)
+    _add_evaluate_parser(commands, backend)
+    _add_sample_parser(commands, backend)
+    _add_demo_parser(commands, backend)
+    _add_report_parser(commands, backend)
+    return parser
 
+
+def _add_train_parser(commands, backend):
     train = commands.add_parser(
         "train", parents=[backend], help="train a zoo entry (resumes a killed run in --output)"
     )
@@ -103,6 +111,8 @@ def _build_parser():
                        "(repeatable; default: the entry's values)")
     train.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2), help="Keras fit verbosity")
 
+
+def _add_evaluate_parser(commands, backend):
     evaluate = commands.add_parser(
         "evaluate", parents=[backend], help="importance-sampled test NLL, printed as JSON"
     )
@@ -124,6 +134,8 @@ def _build_parser():
     )
     evaluate.add_argument("--verbose", type=int, default=0, choices=(0, 1), help="1: a line per batch on stderr")
 
+
+def _add_sample_parser(commands, backend):
     sample = commands.add_parser("sample", parents=[backend], help="draw images from the prior into a PNG grid")
     sample.add_argument("name", help="zoo entry, see `keras-avae zoo`")
     sample.add_argument("--weights", required=True, help="a .weights.h5 file, or 'pretrained'")
@@ -133,6 +145,8 @@ def _build_parser():
     sample.add_argument("--seed", type=int, default=0, help="sampling seed")
     sample.add_argument("--set", action="append", metavar="KEY=VALUE", help=_set_help("a model config value"))
 
+
+def _add_demo_parser(commands, backend):
     demo = commands.add_parser(
         "demo",
         parents=[backend],
@@ -143,5 +157,3 @@ def _build_parser():
     demo.add_argument("--num-images", type=_positive(int), default=100, help="1 to 100 shipped test images")
     demo.add_argument("--num-samples", type=_positive(int), default=100, help="K importance samples")
     demo.add_argument("--seed", type=int, default=0, help="sampling seed")
-    _add_report_parser(commands, backend)
-    return parser

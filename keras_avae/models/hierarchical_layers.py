@@ -2,19 +2,22 @@
 
 A mixin of `HierarchicalVAE`: `_build_layers` creates every sub-layer and
 weight from the model's config and channel bookkeeping (`_values`,
-`_context`, `_ik`, `_gk`). The attribute names and the order of creation
-are those the shipped weight files were saved with: renaming or reordering
-them changes the files' variable paths.
+`_context`, `_ik`, `_gk`); each stochastic layer's prior and posterior are
+one `PriorCell` and one `PosteriorCell` (`stochastic_cells.py`). Renaming
+an attribute or reordering the construction changes the weight files'
+paths: `keras_avae.models.weight_layout` converts files written before the
+cells existed.
 """
 
 import keras
 
 from keras_avae.layers.depthwise_attend import DepthwiseAttend
 from keras_avae.layers.discretized_logistic_mixture import DiscretizedLogisticMixture
-from keras_avae.layers.layer_norm_gelu import LayerNormGelu
 from keras_avae.layers.non_local_block import NonLocalBlock
 from keras_avae.layers.residual_cell import ResidualCell
 from keras_avae.layers.weight_norm_conv2d import WeightNormConv2D
+from keras_avae.models.stochastic_cells import PosteriorCell
+from keras_avae.models.stochastic_cells import PriorCell
 
 
 class HierarchicalLayers:
@@ -69,9 +72,6 @@ class HierarchicalLayers:
             name=name,
         )
 
-    def _gate(self, name):
-        return self.add_weight(name=name, shape=(), initializer="zeros", regularizer=self._regularizer)
-
     def _attend(self, layer_norm, name, learnable_scale=True):
         # Contexts are normalised once when they are made, so the attend
         # layer only normalises its output (eq. 6).
@@ -84,9 +84,8 @@ class HierarchicalLayers:
         )
 
     def _build_layers(self):
-        L, z = self.num_layers, self.latent_channels
-        E, P, ik, gk = self._values, self._context, self._ik, self._gk
-        gq = self.generative_attention_dim if (self.generative_attention and L > 1) else 0
+        L = self.num_layers
+        P, ik, gk = self._context, self._ik, self._gk
 
         # Pre-processing: stem, then per scale `preprocess_cells` cells and a
         # down-sampling cell. The stem carries ik / 2**num_scales extra
@@ -112,55 +111,11 @@ class HierarchicalLayers:
             initializer=keras.initializers.VarianceScaling(0.33, "fan_in", "uniform"),
             regularizer=self._regularizer,
         )
-        self.top_posterior = [self._conv(E + ik, 1, "top_posterior_0"), self._conv(2 * z, 3, "top_posterior_1")]
 
-        # Layers 1..L-1.
-        self.merge_decoder, self.merge_decoder_nonlocal, self.decoder_cells = [None], [None], []
-        self.prior_heads, self.merge_encoder_h, self.merge_encoder_p = [None], [None], [None]
-        self.merge_encoder_nonlocal, self.posterior_heads = [None], [None]
-        self.context_norms, self.generative_attends, self.generative_gates = [None], [None], [None]
-        for i in range(1, L):
-            last = i == L - 1
-            width = P + gq + (0 if last else gk)
-            self.merge_decoder.append(self._conv(width, 1, f"merge_decoder_{i}"))
-            self.merge_decoder_nonlocal.append(self._merge_nonlocal(f"merge_decoder_nonlocal_{i}"))
-            self.decoder_cells.extend(
-                self._cell("same", "decoder", f"decoder_{i}_{c}") for c in range(self.cells_per_layer)
-            )
-            self.prior_heads.append(self._conv(2 * z, 1, f"prior_{i}"))
-            merged = E + ik
-            self.merge_encoder_h.append(self._conv(merged, 1, f"merge_encoder_h_{i}") if ik else None)
-            self.merge_encoder_p.append(self._conv(merged, 1, f"merge_encoder_p_{i}"))
-            self.merge_encoder_nonlocal.append(self._merge_nonlocal(f"merge_encoder_nonlocal_{i}"))
-            self.posterior_heads.append(self._conv(2 * z, 3, f"posterior_{i}"))
-            if gk or gq:
-                norm = self.generative_attention_layer_norm
-                self.context_norms.append(
-                    LayerNormGelu(regularizer=self._regularizer, dtype=self.dtype_policy, name=f"context_norm_{i}")
-                    if norm
-                    else None
-                )
-                # Layer 1 attends over the top constant alone: its logit
-                # scale cannot matter, so it is not a weight.
-                self.generative_attends.append(self._attend(norm, f"generative_attend_{i}", learnable_scale=i > 1))
-                self.generative_gates.append(self._gate(f"generative_gate_{i}"))
-            else:
-                self.context_norms.append(None)
-                self.generative_attends.append(None)
-                self.generative_gates.append(None)
-
-        # Inference attention, every layer including the top one.
-        self.inference_attends, self.inference_norms, self.inference_gates = [], [], []
-        if ik:
-            for i in range(L):
-                norm = self.inference_attention_layer_norm
-                self.inference_attends.append(self._attend(norm, f"inference_attend_{i}"))
-                self.inference_norms.append(
-                    LayerNormGelu(regularizer=self._regularizer, dtype=self.dtype_policy, name=f"inference_norm_{i}")
-                    if norm
-                    else None
-                )
-                self.inference_gates.append(self._gate(f"inference_gate_{i}"))
+        # One prior cell per layer 1..L-1 (eq. 7-9), one posterior cell per
+        # layer 0..L-1 (eq. 10-11).
+        self.prior_cells = [PriorCell(i, self) for i in range(1, L)]
+        self.posterior_cells = [PosteriorCell(i, self) for i in range(L)]
 
         # Output: merge the last context with z, post-process, data head.
         self.merge_output = self._conv(P, 1, "merge_output")

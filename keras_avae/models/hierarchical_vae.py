@@ -12,6 +12,7 @@ from keras_avae.models.hierarchical_config import CONFIG_KEYS
 from keras_avae.models.hierarchical_config import validate_config
 from keras_avae.models.hierarchical_inference import HierarchicalInference
 from keras_avae.models.hierarchical_layers import HierarchicalLayers
+from keras_avae.models.weight_layout import check_weight_layout
 
 
 @keras.saving.register_keras_serializable(package="keras_avae")
@@ -234,35 +235,6 @@ class HierarchicalVAE(HierarchicalLayers, HierarchicalInference, ELBOModel):
             features.append(e)
         return features[::-1]
 
-    def _noisy(self, raw_log_scale, training):
-        if training and self.log_scale_noise > 0:
-            raw_log_scale = raw_log_scale + self.log_scale_noise * keras.random.normal(
-                ops.shape(raw_log_scale), dtype=raw_log_scale.dtype, seed=self.seed_generator
-            )
-        return raw_log_scale
-
-    def _split_params(self, params):
-        params = ops.cast(params, "float32")
-        z = self.latent_channels
-        return params[..., :z], params[..., z:]
-
-    def _inference_condition(self, i, merged, query, features, training):
-        """Posterior condition of layer i (eq. 10-11) and its attention weights.
-
-        Without inference attention: `merged` itself, and `None`.
-        """
-        if not self._ik:
-            return merged, None
-        E = self._values
-        cond, key = merged[..., :E], merged[..., E:]
-        values = [cond] + [f[..., :E] for f in features[i + 1 :]]
-        keys = [key] + [f[..., E:] for f in features[i + 1 :]]
-        attended, scores = self.inference_attends[i](query, keys, values, return_attention_scores=True)
-        if self.inference_norms[i] is not None:
-            cond = self.inference_norms[i](cond)
-        gate = ops.cast(self.inference_gates[i], self.compute_dtype)
-        return ops.concatenate([cond + gate * attended, key], axis=-1), scores
-
     def top_down(
         self,
         features=None,
@@ -316,17 +288,22 @@ class HierarchicalVAE(HierarchicalLayers, HierarchicalInference, ELBOModel):
         given, latents, means = latents, [], []
         for i in range(L):
             if i == 0:
-                condition = top[..., :P]
-                query = top[..., :ik]
-                prior_raw = None
+                condition, query, prior_raw = top[..., :P], top[..., :ik], None
             else:
-                condition, query, prior_raw, prior, generative_scores[i] = self._prior_step(
-                    i, context_values, context_keys, z, training
-                )
+                cell = self.prior_cells[i - 1]
+                step = cell(context_values, context_keys, z, training=training, seed_generator=self.seed_generator)
+                condition, query, prior_raw, prior = step["condition"], step["query"], step["raw"], step["prior"]
+                generative_scores[i] = step["scores"]
+                # Earlier contexts are read only by the generative attention.
+                context_values = context_values + [step["context"]] if cell.attend is not None else [step["context"]]
+                if step["key"] is not None:
+                    context_keys = context_keys + [step["key"]]
             if given is not None:
                 z = ops.convert_to_tensor(given[i], "float32")
             elif posterior:
-                q, inference_scores[i] = self._posterior_step(i, condition, query, prior_raw, features, training)
+                q, inference_scores[i] = self.posterior_cells[i](
+                    condition, query, prior_raw, features, training=training, seed_generator=self.seed_generator
+                )
                 z = q.sample(seed=self.seed_generator)
                 kls.append(q.kl_divergence(prior))
                 means.append(q.loc)
@@ -357,62 +334,6 @@ class HierarchicalVAE(HierarchicalLayers, HierarchicalInference, ELBOModel):
                 result["log_prior"], result["log_posterior"] = log_p, log_q
         return result
 
-    def _prior_step(self, i, context_values, context_keys, z, training):
-        """Layer i >= 1: new context, prior condition (eq. 7-9), prior and attention weights."""
-        P, gk, ik = self._context, self._gk, self._ik
-        last = i == self.num_layers - 1
-        x = self.merge_decoder[i](ops.concatenate([context_values[-1], z], axis=-1))
-        if self.merge_decoder_nonlocal[i] is not None:
-            x = self.merge_decoder_nonlocal[i](x, training=training)
-        for cell in self._cells_of(self.decoder_cells, i - 1):
-            x = cell(x, training=training)
-        context = x[..., :P]
-        inference_query = context[..., :ik]
-        if self.generative_attends[i] is not None:
-            key = None if last else x[..., P : P + gk]
-            query = x[..., P + (0 if last else gk) :]
-            if self.context_norms[i] is not None:
-                context = self.context_norms[i](context)
-            attended, scores = self.generative_attends[i](
-                query, list(context_keys), list(context_values), return_attention_scores=True
-            )
-            condition = context + ops.cast(self.generative_gates[i], self.compute_dtype) * attended
-            context_values.append(context)
-            if key is not None:
-                context_keys.append(key)
-        else:
-            condition, scores = context, None
-            context_values.append(context)
-        # Earlier contexts are only needed by attention; keep the list short
-        # otherwise (the merge reads the last one).
-        if self.generative_attends[i] is None:
-            del context_values[:-1]
-        raw_loc, raw_log_scale = self._split_params(self.prior_heads[i](ops.elu(condition)))
-        raw_log_scale = self._noisy(raw_log_scale, training)
-        prior = DiagonalGaussian.from_raw(raw_loc, raw_log_scale, self.prior_log_scale_bounds)
-        return condition, inference_query, (raw_loc, raw_log_scale), prior, scores
-
-    def _posterior_step(self, i, condition, query, prior_raw, features, training):
-        """Posterior of layer i (merge with h_i, attention (eq. 11), residual head) and its attention weights."""
-        E, ik = self._values, self._ik
-        h = features[i]
-        if i == 0:
-            x, scores = self._inference_condition(0, h, query, features, training)
-            x = self.top_posterior[0](ops.elu(x))
-            raw_loc, raw_log_scale = self._split_params(self.top_posterior[1](ops.elu(x)))
-        else:
-            merged = self.merge_encoder_p[i](condition)
-            merged = merged + (self.merge_encoder_h[i](h[..., :E]) if ik else h)
-            if self.merge_encoder_nonlocal[i] is not None:
-                merged = self.merge_encoder_nonlocal[i](merged, training=training)
-            x, scores = self._inference_condition(i, merged, query, features, training)
-            delta_loc, delta_log_scale = self._split_params(self.posterior_heads[i](x))
-            prior_loc, prior_log_scale = prior_raw
-            raw_loc = prior_loc + delta_loc
-            raw_log_scale = prior_log_scale + delta_log_scale
-        raw_log_scale = self._noisy(raw_log_scale, training)
-        return DiagonalGaussian.from_raw(raw_loc, raw_log_scale, self.posterior_log_scale_bounds), scores
-
     def _cells_of(self, cells, index):
         n = self.cells_per_layer
         return cells[index * n : (index + 1) * n]
@@ -433,6 +354,11 @@ class HierarchicalVAE(HierarchicalLayers, HierarchicalInference, ELBOModel):
         nll = -self._log_likelihood(params, inputs)
         kl_per_layer = result["kl_per_layer"]
         return {"nll": nll, "kl": ops.sum(kl_per_layer, axis=-1), "kl_per_layer": kl_per_layer}
+
+    def load_weights(self, filepath, *args, **kwargs):
+        """`keras.Model.load_weights`, refusing files of the layout before `PriorCell`s (see `weight_layout`)."""
+        check_weight_layout(filepath)
+        return super().load_weights(filepath, *args, **kwargs)
 
     # === Config ===
     def get_config(self):

@@ -116,6 +116,67 @@ class _Steps:
             self.bar.update(self.done)
 
 
+def _checked_arguments(model, images, temperatures, counts, seed, query_pixels):
+    """`write_report`'s arguments checked: `(images, temperatures, counts, query_pixels)`."""
+    num_samples, num_reconstructions, num_interpolations, interpolation_steps, batch_size = counts
+    _check_model(model)
+    x = check_images(images, model.image_shape, model.pixel_range, "images")
+    if len(x) < 2:
+        raise ValueError(
+            f"`images` must hold at least 2 images (active units are a variance over images). "
+            f"Received: images.shape={x.shape}"
+        )
+    temperatures = [check_temperature(t, "temperatures") for t in temperatures]
+    if not temperatures:
+        raise ValueError("`temperatures` must hold at least one temperature. Received: temperatures=()")
+    num_samples = check_positive_int(num_samples, "num_samples")
+    num_reconstructions = check_positive_int(num_reconstructions, "num_reconstructions")
+    num_interpolations = check_positive_int(num_interpolations, "num_interpolations")
+    if check_positive_int(interpolation_steps, "interpolation_steps") < 2:
+        raise ValueError(f"`interpolation_steps` must be an int >= 2. Received: interpolation_steps={interpolation_steps!r}")
+    batch_size = check_positive_int(batch_size, "batch_size")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**31:
+        raise ValueError(f"`seed` must be an int in [0, 2**31). Received: seed={seed!r}")
+    if query_pixels is None:
+        query_pixels = _default_query_pixels(x[0], model.crop, model.pixel_range)
+    counts = (num_samples, num_reconstructions, num_interpolations, interpolation_steps, batch_size)
+    return x, temperatures, counts, _check_query_pixels(query_pixels, model.image_shape)
+
+
+def _drawn_figures(
+    model, x, temperatures, num_samples, num_reconstructions, pairs, interpolation_steps, seed, out, steps
+):
+    """Samples at each temperature (with and without re-adjusted batch norm), reconstructions, interpolations."""
+    from keras_avae import inspection
+
+    crop, pixel_range, records = model.crop, model.pixel_range, []
+    sample_grids = []
+    for t_index, temperature in enumerate(temperatures):
+        for mode in (False, True):
+            # The same stream with and without re-adjustment (which puts the
+            # generator back after its passes): the same latent noise, so
+            # the two grids differ by the batch-norm statistics alone.
+            with _seeded(model, seed, _STREAMS["samples"] + t_index):
+                drawn = model.sample(num_samples, temperature=temperature, readjust_batch_norm=mode)
+            sample_grids.append({"temperature": temperature, "readjust_batch_norm": mode, "images": drawn})
+            steps.step()
+    records.append(grids.sample_grids(sample_grids, out, crop, pixel_range))
+
+    shown = x[:num_reconstructions]
+    with _seeded(model, seed, _STREAMS["reconstructions"]):
+        reconstructions = model.reconstruct(shown)
+    records.append(grids.reconstruction_grid(shown, reconstructions, out, crop, pixel_range))
+    steps.step()
+
+    # At least one pair: `images` holds 2 or more.
+    first, second = x[[a for a, _ in pairs]], x[[b for _, b in pairs]]
+    with _seeded(model, seed, _STREAMS["interpolations"]):
+        path = inspection.interpolate(model, first, second, steps=interpolation_steps)
+    records.append(grids.interpolation_grid(path, pairs, out, crop, pixel_range))
+    steps.step()
+    return records
+
+
 def write_report(
     model,
     images,
@@ -181,37 +242,24 @@ def write_report(
     from keras_avae import inspection
 
     start = time.time()
-    _check_model(model)
-    x = check_images(images, model.image_shape, model.pixel_range, "images")
-    if len(x) < 2:
-        raise ValueError(
-            f"`images` must hold at least 2 images (active units are a variance over images). "
-            f"Received: images.shape={x.shape}"
-        )
-    temperatures = [check_temperature(t, "temperatures") for t in temperatures]
-    if not temperatures:
-        raise ValueError("`temperatures` must hold at least one temperature. Received: temperatures=()")
-    num_samples = check_positive_int(num_samples, "num_samples")
-    num_reconstructions = check_positive_int(num_reconstructions, "num_reconstructions")
-    num_interpolations = check_positive_int(num_interpolations, "num_interpolations")
-    if check_positive_int(interpolation_steps, "interpolation_steps") < 2:
-        raise ValueError(f"`interpolation_steps` must be an int >= 2. Received: interpolation_steps={interpolation_steps!r}")
-    batch_size = check_positive_int(batch_size, "batch_size")
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**31:
-        raise ValueError(f"`seed` must be an int in [0, 2**31). Received: seed={seed!r}")
-    if query_pixels is None:
-        query_pixels = _default_query_pixels(x[0], model.crop, model.pixel_range)
-    query_pixels = _check_query_pixels(query_pixels, model.image_shape)
+    x, temperatures, counts, query_pixels = _checked_arguments(
+        model,
+        images,
+        temperatures,
+        (num_samples, num_reconstructions, num_interpolations, interpolation_steps, batch_size),
+        seed,
+        query_pixels,
+    )
+    num_samples, num_reconstructions, num_interpolations, interpolation_steps, batch_size = counts
     history = read_history(run_dir) if run_dir is not None else None  # a missing file fails first
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     crop, pixel_range = model.crop, model.pixel_range
-    has_generative = any(a is not None for a in model.generative_attends)
-    has_inference = bool(model.inference_attends)
-    modes = (False, True)
+    has_generative = any(cell.attend is not None for cell in model.prior_cells)
+    has_inference = any(cell.attend is not None for cell in model.posterior_cells)
     pairs = [(2 * i, 2 * i + 1) for i in range(min(num_interpolations, len(x) // 2))]
-    total = 6 + len(temperatures) * len(modes)
+    total = 6 + 2 * len(temperatures)
     steps = _Steps(total, progress)
     records, notes = [], []
 
@@ -249,30 +297,9 @@ def write_report(
         skip("nonlocal_attention", "Non-local attention maps", "The model has no non-local blocks.")
     steps.step()
 
-    sample_grids = []
-    for t_index, temperature in enumerate(temperatures):
-        for mode in modes:
-            # The same stream with and without re-adjustment (which puts the
-            # generator back after its passes): the same latent noise, so
-            # the two grids differ by the batch-norm statistics alone.
-            with _seeded(model, seed, _STREAMS["samples"] + t_index):
-                drawn = model.sample(num_samples, temperature=temperature, readjust_batch_norm=mode)
-            sample_grids.append({"temperature": temperature, "readjust_batch_norm": mode, "images": drawn})
-            steps.step()
-    records.append(grids.sample_grids(sample_grids, out, crop, pixel_range))
-
-    shown = x[:num_reconstructions]
-    with _seeded(model, seed, _STREAMS["reconstructions"]):
-        reconstructions = model.reconstruct(shown)
-    records.append(grids.reconstruction_grid(shown, reconstructions, out, crop, pixel_range))
-    steps.step()
-
-    # At least one pair: `images` holds 2 or more.
-    first, second = x[[a for a, _ in pairs]], x[[b for _, b in pairs]]
-    with _seeded(model, seed, _STREAMS["interpolations"]):
-        path = inspection.interpolate(model, first, second, steps=interpolation_steps)
-    records.append(grids.interpolation_grid(path, pairs, out, crop, pixel_range))
-    steps.step()
+    records += _drawn_figures(
+        model, x, temperatures, num_samples, num_reconstructions, pairs, interpolation_steps, seed, out, steps
+    )
 
     header = {
         "model": f"{type(model).__name__} {model.name!r}",
