@@ -91,5 +91,5 @@ from keras_avae.training.run_folder import _truncate_history
 from keras_avae.training.schedules import WarmupCosineDecay
 from keras_avae.training.schedules import make_schedule
 from keras_avae.training.trainer import _build_model
-from keras_avae.training.trainer import compile_mode
+from keras_avae.training.compile_modes import compile_mode
 from keras_avae.training.trainer import train
