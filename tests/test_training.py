@@ -629,7 +629,9 @@ def test_sigkill_then_restart_resumes_exactly(tmp_path, helper):
 )
 def test_second_train_on_a_folder_in_use_is_refused(tmp_path, helper):
     out = tmp_path / "run"
-    first = helper("train", out, 2, "--save-freq", 2, env={"KAVAE_TEST_BATCH_DELAY": "0.3"})
+    # 3 s per batch: the first run still holds the folder (4 batches, 12 s
+    # left) while the second imports Keras, slow on a loaded machine.
+    first = helper("train", out, 2, "--save-freq", 2, env={"KAVAE_TEST_BATCH_DELAY": "3"})
     wait_for(out / "backup" / "checkpoint.json", first)
     second = helper("train", out, 2)
     output, _ = second.communicate(timeout=600)
