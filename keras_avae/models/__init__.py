@@ -5,5 +5,3 @@ from keras_avae.models.discrete_vae import GumbelTemperatureSchedule
 from keras_avae.models.elbo_model import ELBOModel
 from keras_avae.models.hierarchical_vae import HierarchicalVAE
 from keras_avae.layers.layer_norm_gelu import LayerNormGelu
-from keras_avae.models.stochastic_cells import PosteriorCell
-from keras_avae.models.stochastic_cells import PriorCell

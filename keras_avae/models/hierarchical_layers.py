@@ -5,8 +5,9 @@ weight from the model's config and channel bookkeeping (`_values`,
 `_context`, `_ik`, `_gk`); each stochastic layer's prior and posterior are
 one `PriorCell` and one `PosteriorCell` (`stochastic_cells.py`). Renaming
 an attribute or reordering the construction changes the weight files'
-paths: `keras_avae.models.weight_layout` converts files written before the
-cells existed.
+paths: files written before the cells existed are refused by
+`keras_avae.models.weight_layout` and converted by
+`tools/convert_weights_layout.py`.
 """
 
 import keras
