@@ -19,6 +19,7 @@ command line does: a refusal (`ValueError`, `RuntimeError`) is one line
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -344,4 +345,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    # A test runner started as a background job (`cmd &` in a script) has
+    # SIGINT ignored, and `train` leaves ignored signals alone, as it should
+    # for background jobs. These runs stand for a terminal's: Ctrl-C applies.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(main())
