@@ -27,6 +27,7 @@ import tempfile
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's keras_avae
 # The last commit with the old layout.
 DEFAULT_REVISION = "c8f1795"
 
@@ -55,7 +56,6 @@ def read_config(spec):
     if path.is_file():
         data = json.loads(path.read_text())
         return data.get("config", data)
-    sys.path.insert(0, str(ROOT))
     from keras_avae import zoo
 
     return zoo.describe(spec)["config"]
@@ -81,7 +81,6 @@ def dump_old(old_path, config, images, revision, workdir):
 
 def convert(old_path, new_path, config, revision=DEFAULT_REVISION):
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    sys.path.insert(0, str(ROOT))
     import keras
 
     from keras_avae import datasets

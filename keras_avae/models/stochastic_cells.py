@@ -14,8 +14,8 @@ from keras_avae.distributions.gaussian import DiagonalGaussian
 from keras_avae.layers.layer_norm_gelu import LayerNormGelu
 
 
-class _GaussianHead(keras.layers.Layer):
-    """Shared by both cells: raw Gaussian parameters, log-scale noise, bounds."""
+class _StochasticCell(keras.layers.Layer):
+    """What both cells share: raw Gaussian parameters, log-scale noise, no standalone config."""
 
     def __init__(self, builder, name, **kwargs):
         # `autocast=False`: the float32 prior parameters a posterior cell
@@ -47,7 +47,7 @@ class _GaussianHead(keras.layers.Layer):
         )
 
 
-class PriorCell(_GaussianHead):
+class PriorCell(_StochasticCell):
     """The prior `p(z_i | z_<i)` of top-down layer i >= 1 (paper eq. 7-9).
 
     The previous context and `z_{i-1}` are merged (a 1x1 convolution, a
@@ -151,7 +151,7 @@ class PriorCell(_GaussianHead):
         }
 
 
-class PosteriorCell(_GaussianHead):
+class PosteriorCell(_StochasticCell):
     """The posterior `q(z_i | x, z_<i)` of layer i >= 0 (paper eq. 10-11).
 
     Layer 0 maps the bottom-up feature `h_0` (after inference attention)

@@ -1,6 +1,6 @@
 """Weight files written before `HierarchicalVAE` had one layer per stochastic layer.
 
-Until keras-avae 0.1.0.dev0 of 2026-11-25 the prior and posterior layers
+Before commit f7a34c0 (keras-avae 0.1.0.dev0) the prior and posterior layers
 were parallel lists on the model (`merge_decoder`, `prior_heads`,
 `posterior_heads`, ...); a weight file stores variables by the path of the
 attribute that holds them, so those files do not load into the model with
