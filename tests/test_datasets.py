@@ -691,3 +691,57 @@ def test_shipped_mnist_sample_matches_the_test_pipeline(tmp_path):
     assert abs(datasets.mnist_test_sample(100).mean() - grey.mean()) < 0.01
     with pytest.raises(ValueError, match="num_images=101"):
         datasets.mnist_test_sample(101)
+
+
+def test_shipped_omniglot_and_cifar_samples_match_the_test_pipeline(tmp_path):
+    # The shipped grey levels (OMNIGLOT) and pixels (CIFAR-10) written as the
+    # files the readers take: the test pipeline must prepare them exactly as
+    # shipped_sample does, so a card's sample figure is what evaluate scores.
+    grey, alphabets = datasets.shipped_sample("omniglot", 100, binarize=None, with_labels=True)
+    raw = grey[:, 2:30, 2:30, 0]
+    assert raw.shape == (100, 28, 28) and 0.0 < raw.mean() < 0.5 and raw.max() == 1.0
+    assert set(np.unique(raw)) - {0.0, 1.0}, "area-averaged strokes have grey edges"
+    columns = np.stack([im.ravel(order="F") for im in raw], axis=1).astype(np.float64)
+    onehot = np.eye(50)[:, alphabets]
+    scipy.io.savemat(
+        tmp_path / "chardata.mat", {"data": columns, "testdata": columns, "target": onehot, "testtarget": onehot}
+    )
+    for seed in (0, 3):
+        piped = np.concatenate(batches(datasets.make_dataset("omniglot", "test", str(tmp_path), 32, seed=seed)))
+        np.testing.assert_array_equal(datasets.shipped_sample("omniglot", 100, seed=seed), piped)
+    assert abs(datasets.shipped_sample("omniglot").mean() - grey.mean()) < 0.01
+
+    pixels, classes = datasets.shipped_sample("cifar10", 100, with_labels=True)
+    stored = np.round((pixels + 1.0) * 127.5).astype(np.uint8)
+    arrays = {"train_images": stored, "train_labels": classes, "test_images": stored, "test_labels": classes}
+    np.savez_compressed(tmp_path / "cifar10_partial.npz", **arrays)
+    piped = np.concatenate(batches(datasets.make_dataset("cifar10", "test", str(tmp_path), 32)))
+    np.testing.assert_array_equal(pixels, piped)
+    assert pixels.shape == (100, 32, 32, 3) and pixels.min() == -1.0 and pixels.max() == 1.0
+
+
+def test_shipped_samples_are_the_first_images_of_the_real_test_splits():
+    root = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+    if not (root / "omniglot" / "omniglot_105.npz").is_file():
+        pytest.skip(f"the real data sets are not beside the repository ({root})")
+    omniglot, alphabets = datasets.load("omniglot", root / "omniglot", "test")
+    grey, labels = datasets.shipped_sample("omniglot", 100, binarize=None, with_labels=True)
+    np.testing.assert_array_equal(grey[:, 2:30, 2:30], omniglot[:100])
+    np.testing.assert_array_equal(labels, alphabets[:100])
+    cifar, classes = datasets.load("cifar10", root / "cifar10", "test")
+    pixels, labels = datasets.shipped_sample("cifar10", 100, with_labels=True)
+    np.testing.assert_array_equal(pixels, cifar[:100].astype(np.float32) / np.float32(127.5) - 1)
+    np.testing.assert_array_equal(labels, classes[:100])
+
+
+def test_shipped_sample_argument_errors():
+    with pytest.raises(ValueError, match="name='svhn'"):
+        datasets.shipped_sample("svhn")
+    with pytest.raises(ValueError, match="num_images=0"):
+        datasets.shipped_sample("cifar10", 0)
+    with pytest.raises(ValueError, match="CIFAR-10 is not binarised.*binarize='static'"):
+        datasets.shipped_sample("cifar10", binarize="static")
+    with pytest.raises(ValueError, match="statically.*binarize='dynamic'"):
+        datasets.shipped_sample("omniglot", binarize="dynamic")
+    with pytest.raises(ValueError, match="`binarize` must be a bool.*binarize=.static."):
+        datasets.mnist_test_sample(binarize="static")

@@ -150,9 +150,9 @@ def _add_demo_parser(commands, backend):
     demo = commands.add_parser(
         "demo",
         parents=[backend],
-        help="offline: score the shipped MNIST test sample with a pretrained model, write PNG grids",
+        help="offline: score the shipped test sample of a pretrained entry's data set, write PNG grids",
     )
-    demo.add_argument("--name", default="mnist-attentive-small", help="a pretrained MNIST entry")
+    demo.add_argument("--name", default="mnist-attentive-small", help="a pretrained entry (see `keras-avae zoo`)")
     demo.add_argument("--out", default="keras-avae-demo", help="folder for samples.png and reconstructions.png")
     demo.add_argument("--num-images", type=_positive(int), default=100, help="1 to 100 shipped test images")
     demo.add_argument("--num-samples", type=_positive(int), default=100, help="K importance samples")

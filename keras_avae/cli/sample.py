@@ -55,24 +55,25 @@ def _save_grid(path, model, rows):
 
 
 def _cmd_demo(args):
-    """Scores the shipped MNIST test sample with a pretrained model and draws PNGs."""
+    """Scores the shipped test sample of the entry's data set with its pretrained weights and draws PNGs."""
     from keras_avae import zoo
 
     _check_name(args.name)
     entry = zoo.describe(args.name)
-    if entry["dataset"] != "mnist" or not zoo.has_pretrained(args.name):
-        trained = [n for n in zoo.names() if zoo.has_pretrained(n) and zoo.describe(n)["dataset"] == "mnist"]
-        raise UsageError(f"the demo needs a pretrained MNIST entry ({', '.join(trained)}). Received: {args.name!r}")
+    if not zoo.has_pretrained(args.name):
+        trained = [n for n in zoo.names() if zoo.has_pretrained(n)]
+        raise UsageError(f"the demo needs a pretrained entry ({', '.join(trained)}). Received: {args.name!r}")
     os.makedirs(args.out, exist_ok=True)
     _import_backend(args)
     import numpy as np
     from keras import ops
 
-    from keras_avae import datasets, evaluation
+    from keras_avae import datasets
+    from keras_avae import evaluation
 
     start = time.time()
     model = zoo.load(args.name, weights="pretrained", seed=args.seed)
-    x = datasets.mnist_test_sample(args.num_images, seed=0)
+    x = datasets.shipped_sample(entry["dataset"], args.num_images, seed=0)
     scores = evaluation.score_batches(model, [x], num_samples=args.num_samples, seed=args.seed)
     figures = evaluation.summarize(scores["log_px"], scores["elbo"], model.num_data_dims)
     card = (entry.get("results") or {}).get("test_nll_nats")
@@ -86,7 +87,7 @@ def _cmd_demo(args):
 
     print(f"{args.name}: pretrained weights, {model.count_params():,} parameters, backend {_backend()}")
     print(
-        f"{len(x)} MNIST test images shipped with keras-avae (LeCun et al., 1998), "
+        f"{len(x)} {datasets.SAMPLE_SOURCES[entry['dataset']]}, shipped with keras-avae, "
         f"K={args.num_samples} importance samples:"
     )
     print(

@@ -61,7 +61,8 @@ Modules:
 - `discovery`: which file of a data set is present (`locate`), `load`, tfds.
 - `binarization`: static and dynamic Bernoulli binarisation.
 - `pipeline`: `make_dataset`, the `tf.data` pipeline; `image_shape`.
-- `sample`: `mnist_test_sample`, the MNIST sample shipped with the package.
+- `sample`: `shipped_sample`, the 100-image test samples shipped with the
+  package (MNIST, OMNIGLOT, CIFAR-10), and `mnist_test_sample`.
 - `common`: argument checks and helpers the others share.
 
 Every public name is importable from `keras_avae.datasets` itself.
@@ -90,4 +91,6 @@ from keras_avae.datasets.omniglot import read_omniglot_105
 from keras_avae.datasets.omniglot import read_omniglot_chardata
 from keras_avae.datasets.pipeline import image_shape
 from keras_avae.datasets.pipeline import make_dataset
+from keras_avae.datasets.sample import SAMPLE_SOURCES
 from keras_avae.datasets.sample import mnist_test_sample
+from keras_avae.datasets.sample import shipped_sample

@@ -167,8 +167,8 @@ def elbo_nats(model, x):
 @pytest.mark.slow
 @pytest.mark.skipif(keras.backend.backend() == "torch", reason="zoo models are supported on TensorFlow and JAX")
 @pytest.mark.parametrize("name", TRAINED)
-def test_pretrained_weights_score_real_digits_like_their_card(name):
-    x = keras_avae.datasets.mnist_test_sample(25)
+def test_pretrained_weights_score_real_images_like_their_card(name):
+    x = keras_avae.datasets.shipped_sample(zoo.describe(name)["dataset"], 25)
     model = zoo.load(name)  # the default: the shipped weights
     reference = zoo.load(name, weights="pretrained")
     for a, b in zip(model.weights, reference.weights):
@@ -202,7 +202,8 @@ def test_shipped_weights_reproduce_their_card_on_the_shipped_images(name):
     # converted file in the current layout must give it to the last digit.
     card = zoo.describe(name)["results"]
     model = zoo.load(name)
-    nelbo = float(np.mean(_log_weights_under_one_sampling_seed(model, keras_avae.datasets.mnist_test_sample(100))))
+    x = keras_avae.datasets.shipped_sample(zoo.describe(name)["dataset"], 100)
+    nelbo = float(np.mean(_log_weights_under_one_sampling_seed(model, x)))
     assert round(nelbo, 4) == card["shipped_sample_nelbo_nats"], (nelbo, card["shipped_sample_nelbo_nats"])
 
 
@@ -220,7 +221,7 @@ def test_weight_files_of_the_old_layout_are_refused_by_name(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in TRAINED if zoo.describe(n)["family"] == "hierarchical_vae"])
 def test_every_default_load_is_the_trained_model(name, tmp_path):
-    x = keras_avae.datasets.mnist_test_sample(4)
+    x = keras_avae.datasets.shipped_sample(zoo.describe(name)["dataset"], 4)
     # Other Python random states before each load: a seed resolved from them
     # (the features of a `seed=None` model) would differ between loads.
     keras.utils.set_random_seed(1)
