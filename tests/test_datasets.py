@@ -491,6 +491,18 @@ def test_limit_repeat_and_argument_errors(tmp_path):
     assert datasets.image_shape("cifar10") == (32, 32, 3)
 
 
+def test_every_keeps_a_spread_subset_with_the_whole_splits_binary_images(tmp_path):
+    make_mnist_dir(tmp_path, n_test=10)
+    whole = np.concatenate(batches(datasets.make_dataset("mnist", "test", tmp_path, batch_size=4, seed=3)))
+    grey = np.concatenate(batches(datasets.make_dataset("mnist", "test", tmp_path, batch_size=4, binarize=None)))
+    assert not np.array_equal(whole, np.round(grey))  # Bernoulli draws, not rounding: a real comparison below.
+    for every, limit, rows in ((3, None, [0, 3, 6, 9]), (3, 2, [0, 3]), (1, 4, [0, 1, 2, 3]), (20, None, [0])):
+        ds = datasets.make_dataset("mnist", "test", tmp_path, batch_size=4, seed=3, every=every, limit=limit)
+        np.testing.assert_array_equal(np.concatenate(batches(ds)), whole[rows])
+    with pytest.raises(ValueError, match="Received: every=0"):
+        datasets.make_dataset("mnist", "test", tmp_path, every=0)
+
+
 def test_input_context_shards_and_batches_per_replica(tmp_path):
     import tensorflow as tf
 

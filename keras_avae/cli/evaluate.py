@@ -32,6 +32,7 @@ def _cmd_evaluate(args):
         shuffle=False,
         seed=args.seed,
         limit=args.limit,
+        every=args.every,
         resize_images=args.resize_images,
     )
     weights = zoo.pretrained_path(args.name) if args.weights == "pretrained" else args.weights
@@ -45,6 +46,8 @@ def _cmd_evaluate(args):
         "split": args.split,
         "limit": args.limit,
         "batch_size": args.batch_size,
+        # Only when given: progress files written before --every existed stay resumable.
+        **({"every": args.every} if args.every else {}),
     }
 
     def report(images, log_px, seconds):

@@ -122,6 +122,12 @@ def _add_evaluate_parser(commands, backend):
     evaluate.add_argument("--split", choices=("test", "train"), default="test", help="data split")
     evaluate.add_argument("--num-samples", type=_positive(int), default=100, help="K importance samples")
     evaluate.add_argument("--limit", type=_positive(int), help="the first N examples of the split (default: all)")
+    evaluate.add_argument(
+        "--every",
+        type=_positive(int),
+        help="every N-th example of the split, before --limit: a subset spread over the whole split "
+        "(default: all)",
+    )
     evaluate.add_argument("--resize-images", action="store_true", help=_RESIZE_HELP)
     evaluate.add_argument("--batch-size", type=_positive(int), default=25, help="images per pass")
     evaluate.add_argument("--seed", type=int, default=0, help="binarisation and sampling seed")

@@ -67,12 +67,14 @@ def make_dataset(
     strategy=None,
     input_context=None,
     resize_images=False,
+    every=None,
 ):
     """A `tf.data.Dataset` of image batches in the models' input range.
 
-    Pipeline: read the split (`load`), optionally keep the first `limit`
-    examples, shard across input pipelines (multi-worker), shuffle with a
-    seed (reshuffled every epoch), batch, transform each batch, prefetch.
+    Pipeline: read the split (`load`), optionally keep every `every`-th
+    example and the first `limit` of those, shard across input pipelines
+    (multi-worker), shuffle with a seed (reshuffled every epoch), batch,
+    transform each batch, prefetch.
     Transforms:
 
     - MNIST / OMNIGLOT: the 28x28 grey levels `p` in [0, 1] are binarised,
@@ -120,6 +122,11 @@ def make_dataset(
             only; must be `"auto"` or `None` for CIFAR-10).
         random_flip: bool, random horizontal flips (CIFAR-10 only).
         limit: int or `None`, keep only the first `limit` examples.
+        every: int or `None`, keep only every `every`-th example (the
+            0th, `every`-th, ...), before `limit`: a subset spread over
+            the whole split (OMNIGLOT's test split is ordered by alphabet).
+            Static binarisation is drawn for the whole split first, so an
+            image is the same binary image in every subset.
         with_labels: bool, yield `(images, labels)` instead of images.
         shuffle_buffer_size: defaults to the whole split.
         strategy: a `tf.distribute.Strategy`, or `None`.
@@ -152,6 +159,7 @@ def make_dataset(
         strategy=strategy,
         input_context=input_context,
         resize_images=resize_images,
+        every=every,
     )
     if strategy is not None and seed is None:
         seed = 0  # Every worker must shuffle, binarise and flip alike.
@@ -160,13 +168,14 @@ def make_dataset(
     binarize = _resolve_binarize(name, split, binarize)
 
     images, labels = load(name, data_dir, split, resize_images=resize_images)
-    if limit is not None:
-        images, labels = images[:limit], labels[:limit]
     # Grey levels as stored: uint8 0-255 (MNIST) or float32 in [0, 1] (OMNIGLOT).
     grey_scale = 255.0 if images.dtype == np.uint8 and name != "cifar10" else 1.0
     if binarize == "static":
+        # Drawn row by row over the whole split, so that a subset (`every`,
+        # `limit`) holds the same binary images as the whole split.
         images = _static_binarize(images, grey_scale, _seeds(seed, 0)[2])
         grey_scale = 1.0
+    images, labels = images[:: every or 1][:limit], labels[:: every or 1][:limit]
     options = dict(
         name=name,
         batch_size=batch_size,
@@ -202,6 +211,7 @@ def _check_arguments(
     strategy,
     input_context,
     resize_images=False,
+    every=None,
 ):
     """Raises the `ValueError` of `make_dataset`'s first invalid argument."""
     _check_name(name)
@@ -216,6 +226,8 @@ def _check_arguments(
         )
     if limit is not None and not _is_int(limit, 1):
         raise ValueError(f"`limit` must be a positive int or None. Received: limit={limit!r}")
+    if every is not None and not _is_int(every, 1):
+        raise ValueError(f"`every` must be a positive int or None. Received: every={every!r}")
     if seed is not None and not _is_int(seed, 0):
         raise ValueError(f"`seed` must be a non-negative int or None. Received: seed={seed!r}")
     if shuffle_buffer_size is not None and not _is_int(shuffle_buffer_size, 1):
