@@ -96,7 +96,11 @@ def _cmd_demo(args):
     )
     print(f"  ELBO      {figures['elbo_nats']:.2f} nats")
     if card is not None:
-        print(f"  model card: {card:.2f} nats on {entry['results']['test_images']} test images")
+        results = entry["results"]
+        print(
+            f"  model card: {card:.2f} nats on {results['test_images']} test images; negative ELBO "
+            f"{results['shipped_sample_nelbo_nats']:.2f} nats on the 100 shipped images"
+        )
     print(f"Wrote {os.path.join(args.out, 'samples.png')} (64 samples) and")
     print(f"      {os.path.join(args.out, 'reconstructions.png')} (rows: test images, their reconstructions)")
     print(f"Done in {time.time() - start:.0f} s")
