@@ -186,11 +186,12 @@ def test_pretrained_weights_score_real_images_like_their_card(name):
     trained = elbo_nats(model, x)
     # The card's figure on the same 100 shipped images, from other latent
     # draws (other sampling states; on JAX other random normals): one draw's
-    # 100-image mean varies by about 0.8 nats on MNIST and OMNIGLOT. Not the
-    # card's test-set mean: the shipped images are the first of the split,
-    # OMNIGLOT's from its hardest alphabet (about 50 nats above the mean).
+    # 100-image mean varies by about 0.8 nats on MNIST and OMNIGLOT, 3.5 on
+    # CIFAR-10 (of about 10,800). Not the card's test-set mean: the shipped
+    # images are the first of the split, OMNIGLOT's from its hardest
+    # alphabet (about 50 nats above the mean).
     figure = card["shipped_sample_nelbo_nats"]
-    assert abs(trained - figure) < max(5.0, 0.005 * figure), (trained, figure)
+    assert abs(trained - figure) < max(5.0, 0.002 * figure), (trained, figure)
     # Fresh weights score far worse: the shipped ones are trained.
     fresh = zoo.load(name, weights=None, seed=1)
     assert elbo_nats(fresh, x) > trained + 100
