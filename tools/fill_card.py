@@ -155,8 +155,8 @@ def fill_card(args):
             "stderr": round(paired["stderr"], 2),
             "test_images": paired["num_examples"],
             "fraction_of_images_attentive_scores_higher": round(higher, 3),
-            "note": "keras_avae.evaluation.paired_difference of the two --progress files (same images, same "
-            "binarisation)",
+            "note": "keras_avae.evaluation.paired_difference of the two --progress files (the same images, "
+            "prepared alike)",
         }
     for note in args.note or []:
         key, _, text = note.partition("=")
