@@ -251,8 +251,8 @@ def test_demo_scores_the_shipped_sample_and_draws_grids(tmp_path, capsys, name, 
     nll = float(re.search(r"test NLL\s+([0-9.]+) nats", printed).group(1))
     card = zoo.describe(name or "mnist-attentive-small")["results"]
     # The card's figure on the same 100 shipped images (their mean negative
-    # ELBO, not the test set's NLL: OMNIGLOT's shipped images come from its
-    # hardest alphabet): K = 5 tightens the bound by a few nats, and the
+    # ELBO, not the test set's NLL: OMNIGLOT's shipped images come from one
+    # of its hardest alphabets): K = 5 tightens the bound by a few nats, and the
     # latent draws differ by about a nat.
     gain = card["shipped_sample_nelbo_nats"] - nll
     assert -2 < gain < 15, (nll, card["shipped_sample_nelbo_nats"])

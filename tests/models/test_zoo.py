@@ -188,8 +188,8 @@ def test_pretrained_weights_score_real_images_like_their_card(name):
     # draws (other sampling states; on JAX other random normals): one draw's
     # 100-image mean varies by about 0.8 nats on MNIST and OMNIGLOT, 3.5 on
     # CIFAR-10 (of about 10,800). Not the card's test-set mean: the shipped
-    # images are the first of the split, OMNIGLOT's from its hardest
-    # alphabet (about 50 nats above the mean).
+    # images are the first of the split, OMNIGLOT's from one of its
+    # hardest alphabets (about 50 nats above the mean).
     figure = card["shipped_sample_nelbo_nats"]
     assert abs(trained - figure) < max(5.0, 0.002 * figure), (trained, figure)
     # Fresh weights score far worse: the shipped ones are trained.
