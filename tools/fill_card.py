@@ -12,7 +12,8 @@ refuses an evaluation of other weights (the progress file records their
 sha256) or an unfinished one. Notes in words are given with `--note KEY=TEXT`.
 
 Usage (TensorFlow backend, from the repository root):
-    python tools/fill_card.py float16 runs/cifar10-baseline-small/model.weights.h5 runs/cifar10-baseline-small.f16.weights.h5
+    python tools/fill_card.py float16 runs/cifar10-baseline-small/model.weights.h5 \\
+        runs/cifar10-baseline-small.f16.weights.h5
     python tools/fill_card.py card omniglot-baseline-small --run runs/omniglot-baseline-small \\
         --log runs/omniglot-baseline-small.log --evaluation runs/eval/omniglot-baseline-small.json \\
         --progress runs/eval/omniglot-baseline-small.npz \\
@@ -83,13 +84,13 @@ def _sha256(path):
 
 
 def _checked_evaluation(args, weights_sha256):
-    """The per-image scores of the progress file, checked against the finished evaluation's JSON."""
+    """The printed figures, the progress file's identity and per-image log p(x), checked against each other."""
     import numpy as np
 
     printed = json.loads(pathlib.Path(args.evaluation).read_text())
     with np.load(args.progress, allow_pickle=False) as data:
         identity = json.loads(str(data["identity"]))
-        log_px, elbo = data["log_px"], data["elbo"]
+        log_px = data["log_px"]
     if identity["name"] != args.name or identity["weights_sha256"] != weights_sha256:
         raise ValueError(
             f"{args.progress} scored {identity['name']!r} with weights of sha256 {identity['weights_sha256']}, "
@@ -97,7 +98,7 @@ def _checked_evaluation(args, weights_sha256):
         )
     if printed["num_examples"] != log_px.size or abs(printed["nll_nats"] + log_px.mean()) > 1e-6:
         raise ValueError(f"{args.evaluation} (the finished evaluation) and {args.progress} disagree")
-    return printed, identity, log_px, elbo
+    return printed, identity, log_px
 
 
 def fill_card(args):
@@ -111,7 +112,7 @@ def fill_card(args):
     if run["model"] != args.name:
         raise ValueError(f"--run trained {run['model']!r}, not {args.name!r}. Received: --run {args.run}")
     source = pathlib.Path(args.weights or pathlib.Path(args.run) / "model.weights.h5")
-    printed, identity, log_px, _ = _checked_evaluation(args, _sha256(source))
+    printed, identity, log_px = _checked_evaluation(args, _sha256(source))
     seconds = epoch_seconds(args.log)
     if len(seconds) != run["epochs"]:
         raise ValueError(f"{args.log} logs {len(seconds)} finished epochs, the run has {run['epochs']}")

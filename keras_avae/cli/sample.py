@@ -76,7 +76,7 @@ def _cmd_demo(args):
     x = datasets.shipped_sample(entry["dataset"], args.num_images, seed=0)
     scores = evaluation.score_batches(model, [x], num_samples=args.num_samples, seed=args.seed)
     figures = evaluation.summarize(scores["log_px"], scores["elbo"], model.num_data_dims)
-    card = (entry.get("results") or {}).get("test_nll_nats")
+    card = entry.get("results")
 
     samples = np.asarray(ops.convert_to_numpy(model.sample(64)))
     _save_grid(os.path.join(args.out, "samples.png"), model, [samples[i : i + 8] for i in range(0, 64, 8)])
@@ -95,11 +95,10 @@ def _cmd_demo(args):
         f"{figures['bits_per_dim']:.4f} bits/dim"
     )
     print(f"  ELBO      {figures['elbo_nats']:.2f} nats")
-    if card is not None:
-        results = entry["results"]
+    if card:
         print(
-            f"  model card: {card:.2f} nats on {results['test_images']} test images; negative ELBO "
-            f"{results['shipped_sample_nelbo_nats']:.2f} nats on the 100 shipped images"
+            f"  model card: {card['test_nll_nats']:.2f} nats on {card['test_images']} test images; negative ELBO "
+            f"{card['shipped_sample_nelbo_nats']:.2f} nats on the 100 shipped images"
         )
     print(f"Wrote {os.path.join(args.out, 'samples.png')} (64 samples) and")
     print(f"      {os.path.join(args.out, 'reconstructions.png')} (rows: test images, their reconstructions)")

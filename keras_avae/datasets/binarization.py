@@ -23,6 +23,11 @@ def _resolve_binarize(name, split, binarize):
     return binarize
 
 
+def _grey_scale(name, images):
+    """The value of full ink in a split as the readers return it: 255 for uint8 (MNIST), else 1."""
+    return 255.0 if images.dtype == np.uint8 and name != "cifar10" else 1.0
+
+
 def _static_binarize(grey, scale, seed):
     """One seeded Bernoulli draw of `grey / scale`, as uint8 {0, 1}."""
     rng = np.random.default_rng(seed)

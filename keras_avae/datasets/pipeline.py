@@ -9,6 +9,7 @@ import numpy as np
 
 from keras_avae.datasets.binarization import _check_binarize
 from keras_avae.datasets.binarization import _dynamic_binarize
+from keras_avae.datasets.binarization import _grey_scale
 from keras_avae.datasets.binarization import _resolve_binarize
 from keras_avae.datasets.binarization import _static_binarize
 from keras_avae.datasets.common import _check_name
@@ -168,8 +169,7 @@ def make_dataset(
     binarize = _resolve_binarize(name, split, binarize)
 
     images, labels = load(name, data_dir, split, resize_images=resize_images)
-    # Grey levels as stored: uint8 0-255 (MNIST) or float32 in [0, 1] (OMNIGLOT).
-    grey_scale = 255.0 if images.dtype == np.uint8 and name != "cifar10" else 1.0
+    grey_scale = _grey_scale(name, images)
     if binarize == "static":
         # Drawn row by row over the whole split, so that a subset (`every`,
         # `limit`) holds the same binary images as the whole split.

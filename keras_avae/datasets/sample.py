@@ -11,6 +11,7 @@ import pathlib
 import numpy as np
 
 from keras_avae.datasets.binarization import _check_binarize
+from keras_avae.datasets.binarization import _grey_scale
 from keras_avae.datasets.binarization import _resolve_binarize
 from keras_avae.datasets.binarization import _static_binarize
 from keras_avae.datasets.common import _check_name
@@ -68,8 +69,7 @@ def shipped_sample(name, num_images=100, binarize="auto", seed=0, with_labels=Fa
     if name == "cifar10":
         images = stored.astype(np.float32) / np.float32(127.5) - np.float32(1.0)
         return (images, labels) if with_labels else images
-    # Grey levels as the readers return them: uint8 0-255 (MNIST), float32 in [0, 1] (OMNIGLOT).
-    grey_scale = 255.0 if stored.dtype == np.uint8 else 1.0
+    grey_scale = _grey_scale(name, stored)
     if _resolve_binarize(name, "test", binarize) == "static":
         images = _static_binarize(stored, grey_scale, _seeds(seed, 0)[2]).astype(np.float32)
     else:
