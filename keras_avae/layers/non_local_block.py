@@ -172,22 +172,23 @@ class NonLocalBlock(keras.layers.Layer):
         batch = ops.shape(inputs)[0]
         convs = (self.theta, self.phi, self.g)
         if all(_is_pointwise(conv) for conv in convs):
-            # The three 1x1 convolutions as one matrix product over the
-            # channels (their kernels side by side): one pass over the
-            # inputs, and no layout changes on any backend.
-            kernels = [ops.cast(conv.kernel[0, 0], self.compute_dtype) for conv in convs]
-            projected = ops.matmul(ops.reshape(inputs, (batch, -1, inputs.shape[-1])), ops.concatenate(kernels, axis=1))
-            if self.use_bias:
-                projected = projected + ops.concatenate([ops.cast(conv.bias, self.compute_dtype) for conv in convs], 0)
+            # A 1x1 convolution is a matrix product over the channels: one
+            # 2-D product per projection (no layout changes on any backend,
+            # and no slicing of a joint product, whose gradient costs more
+            # than the products themselves).
+            flat = ops.reshape(inputs, (-1, inputs.shape[-1]))
+            projected = []
+            for conv in convs:
+                kernel = ops.reshape(conv.kernel, (inputs.shape[-1], conv.filters))
+                y = ops.matmul(flat, ops.cast(kernel, self.compute_dtype))
+                if self.use_bias:
+                    y = y + ops.cast(conv.bias, self.compute_dtype)
+                projected.append(ops.reshape(y, (batch, -1, conv.filters)))
         else:  # projections changed by a subclass (see `_conv`)
-            projected = ops.concatenate(
-                [ops.reshape(conv(inputs), (batch, -1, conv.filters)) for conv in convs], axis=-1
-            )
+            projected = [ops.reshape(conv(inputs), (batch, -1, conv.filters)) for conv in convs]
         # Float32 from here: the logits, softmax (or FAVOR+ features) and the
         # weighted sum over all positions.
-        projected = ops.cast(projected, "float32")
-        k = self.key_dim
-        return projected[:, :, :k], projected[:, :, k : 2 * k], projected[:, :, 2 * k :]
+        return tuple(ops.cast(y, "float32") for y in projected)
 
     def call(self, inputs, training=None):
         theta, phi, g = self._project(inputs)

@@ -6,6 +6,7 @@ from keras import ops
 
 from keras_avae.layers.non_local_block import NonLocalBlock
 from keras_avae.layers.weight_norm_conv2d import WeightNormConv2D
+from keras_avae.layers.weight_norm_conv2d import _conv2d_channels_last
 
 _SCALES = ("same", "down", "up")
 
@@ -194,13 +195,19 @@ class ResidualCell(keras.layers.Layer):
 
     def call(self, inputs, training=None):
         x = inputs
-        if self.scale == "up":
-            x = ops.repeat(ops.repeat(x, 2, axis=1), 2, axis=2)
-        for norm, nonlocal_block, conv in zip(self.node_norms, self.node_nonlocals, self.node_convs):
+        for i, (norm, nonlocal_block, conv) in enumerate(zip(self.node_norms, self.node_nonlocals, self.node_convs)):
             x = norm(x, training=training)
             if nonlocal_block is not None:
                 x = nonlocal_block(x, training=training)
-            x = conv(ops.silu(x))
+            x = ops.silu(x)
+            if self.scale == "up" and i == 0:
+                # The cell upsamples its input, but batch norm, the non-local
+                # block and Swish commute exactly with nearest-neighbour
+                # upsampling (each pixel repeated 4 times leaves the batch
+                # statistics, every attention ratio and the key stabiliser
+                # unchanged), so they run at a quarter of the positions.
+                x = _nearest_upsample(x)
+            x = conv(x)
         return self.residual_scale * x + self._shortcut(inputs, training)
 
     def _shortcut(self, inputs, training):
@@ -208,6 +215,8 @@ class ResidualCell(keras.layers.Layer):
             return inputs
         if self.scale == "down":
             u = ops.silu(inputs)
+            if inputs.shape[1] is not None and inputs.shape[1] % 2 == 0 and inputs.shape[2] % 2 == 0:
+                return self._phase_reduce(u)
             # Even/odd pixel phases, so no input pixel is skipped by stride 2.
             shifted = [u, u[:, 1:, 1:], u[:, :, 1:], u[:, 1:, :]]
             parts = [conv(s) for conv, s in zip(self.reduce_convs, shifted)]
@@ -216,11 +225,31 @@ class ResidualCell(keras.layers.Layer):
             return ops.concatenate(parts, axis=-1)
         rows = ops.convert_to_tensor(self._resize_rows, dtype=self.compute_dtype)
         cols = ops.convert_to_tensor(self._resize_cols, dtype=self.compute_dtype)
-        x = ops.einsum("oh,bhwc->bowc", rows, inputs)
-        x = ops.einsum("pw,bowc->bopc", cols, x)
+        # Two broadcast matrix products over (h, w * c) and (w, c) views: no
+        # transposes (an einsum moves the contracted axis last and back).
+        batch, height, width, channels = ops.shape(inputs)[0], inputs.shape[1], inputs.shape[2], inputs.shape[3]
+        x = ops.matmul(rows, ops.reshape(inputs, (batch, height, width * channels)))
+        x = ops.matmul(cols, ops.reshape(x, (-1, width, channels)))
+        x = ops.reshape(x, (batch, 2 * height, 2 * width, channels))
         if self.shortcut_nonlocal is not None:
             x = self.shortcut_nonlocal(x, training=training)
         return self.shortcut_conv(x)
+
+    def _phase_reduce(self, u):
+        """The factorised reduce of even-sized inputs as one 2x2, stride-2 convolution.
+
+        The four 1x1 stride-2 convolutions read the four pixel phases
+        `(0, 0), (1, 1), (0, 1), (1, 0)` of each 2x2 block: each is one tap
+        of a 2x2 kernel, zero elsewhere, and their outputs sit side by side.
+        One convolution replaces four, three shifted copies of the input
+        and the concatenation (and their gradients).
+        """
+        kernels = []
+        for conv, (row, col) in zip(self.reduce_convs, ((0, 0), (1, 1), (0, 1), (1, 0))):
+            kernels.append(ops.pad(conv.normalized_kernel(), [[row, 1 - row], [col, 1 - col], [0, 0], [0, 0]]))
+        outputs = _conv2d_channels_last(u, ops.concatenate(kernels, axis=-1), 2, "valid")
+        biases = [ops.cast(conv.bias, self.compute_dtype) for conv in self.reduce_convs]
+        return outputs + ops.concatenate(biases, axis=0)
 
     def compute_output_shape(self, input_shape):
         batch, height, width, channels = input_shape
@@ -265,6 +294,17 @@ def _align_corners_matrix(size):
     matrix[np.arange(out), low] += 1.0 - frac
     matrix[np.arange(out), high] += frac
     return matrix
+
+
+def _nearest_upsample(x):
+    """x2 nearest-neighbour upsampling of `(B, H, W, C)`: a broadcast and a reshape.
+
+    (`ops.repeat` on two axes is dozens of ops on TensorFlow, and so is its
+    gradient; a broadcast's gradient is one sum.)
+    """
+    batch, height, width, channels = ops.shape(x)[0], x.shape[1], x.shape[2], x.shape[3]
+    x = ops.broadcast_to(x[:, :, None, :, None, :], (batch, height, 2, width, 2, channels))
+    return ops.reshape(x, (batch, 2 * height, 2 * width, channels))
 
 
 def _pad_to(x, height, width):

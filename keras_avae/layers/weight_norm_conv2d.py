@@ -112,12 +112,25 @@ class WeightNormConv2D(keras.layers.Layer):
     def _kernel_norm(self):
         return ops.sqrt(self._squared_norm(ops.cast(self.kernel, "float32")))
 
-    def call(self, inputs):
+    def normalized_kernel(self):
+        """The kernel the layer convolves with, `v / ||v|| * exp(log_g)`, in the compute dtype.
+
+        Example:
+
+        >>> import numpy as np
+        >>> conv = WeightNormConv2D(3, 1)
+        >>> conv.build((1, 4, 4, 2))
+        >>> kernel = keras.ops.convert_to_numpy(conv.normalized_kernel())
+        >>> bool(np.allclose(np.linalg.norm(kernel.reshape(2, 3), axis=0), np.exp(keras.ops.convert_to_numpy(conv.log_g))))
+        True
+        """
         # exp(log_g) / ||v|| as one product: the fewest ops per call.
         kernel = ops.cast(self.kernel, "float32")
         scale = ops.exp(ops.cast(self.log_g, "float32")) * ops.rsqrt(self._squared_norm(kernel))
-        kernel = ops.cast(kernel * scale, self.compute_dtype)
-        outputs = _conv2d_channels_last(inputs, kernel, self.strides, self.padding)
+        return ops.cast(kernel * scale, self.compute_dtype)
+
+    def call(self, inputs):
+        outputs = _conv2d_channels_last(inputs, self.normalized_kernel(), self.strides, self.padding)
         if self.use_bias:
             outputs = outputs + ops.cast(self.bias, self.compute_dtype)
         return outputs

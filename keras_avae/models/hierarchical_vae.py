@@ -278,9 +278,14 @@ class HierarchicalVAE(HierarchicalLayers, HierarchicalInference, ELBOModel):
         kls, log_p, log_q = [], 0.0, 0.0
         dtype = self.compute_dtype
 
+        # Cut before tiling: the slices' gradients stay the constant's size.
         top = ops.cast(self.top_constant, dtype)
-        top = ops.tile(top, (batch_size, 1, 1, 1))
-        context_values, context_keys = [top[..., :P]], [top[..., P:]]
+        tile = lambda part: ops.tile(part, (batch_size, 1, 1, 1))  # noqa: E731
+        top_values, top_keys, top_query = tile(top[..., :P]), tile(top[..., P:]), tile(top[..., :ik])
+        context_values, context_keys = [top_values], [top_keys]
+        if posterior:
+            # Each feature split once into (value, key) for every layer's posterior.
+            features = self.posterior_cells[0].split_features(features)
         latent_shape = (batch_size, *self._latent_size, self.latent_channels)
         prior = DiagonalGaussian.standard(latent_shape)
 
@@ -288,7 +293,7 @@ class HierarchicalVAE(HierarchicalLayers, HierarchicalInference, ELBOModel):
         given, latents, means = latents, [], []
         for i in range(L):
             if i == 0:
-                condition, query, prior_raw = top[..., :P], top[..., :ik], None
+                condition, query, prior_raw = top_values, top_query, None
             else:
                 cell = self.prior_cells[i - 1]
                 step = cell(context_values, context_keys, z, training=training, seed_generator=self.seed_generator)

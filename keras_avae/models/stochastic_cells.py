@@ -12,6 +12,7 @@ from keras import ops
 
 from keras_avae.distributions.gaussian import DiagonalGaussian
 from keras_avae.layers.layer_norm_gelu import LayerNormGelu
+from keras_avae.ops.channels import split_channels
 
 
 class _StochasticCell(keras.layers.Layer):
@@ -29,9 +30,7 @@ class _StochasticCell(keras.layers.Layer):
         self.built = True
 
     def _split(self, params):
-        params = ops.cast(params, "float32")
-        z = self.latent_channels
-        return params[..., :z], params[..., z:]
+        return split_channels(ops.cast(params, "float32"), [self.latent_channels] * 2)
 
     def _noisy(self, raw_log_scale, training, seed_generator):
         if training and self.log_scale_noise > 0:
@@ -124,12 +123,12 @@ class PriorCell(_StochasticCell):
             x = self.merge_nonlocal(x, training=training)
         for cell in self.cells:
             x = cell(x, training=training)
-        context = x[..., :P]
-        query = context[..., : self.query_channels]
-        key, scores = None, None
+        # Splits, not slices: see `split_channels`.
+        context, key, attention_query = split_channels(x, [P, key_channels, x.shape[-1] - P - key_channels])
+        query, _ = split_channels(context, [self.query_channels, P - self.query_channels])
+        key = key if key_channels else None
+        scores = None
         if self.attend is not None:
-            key = x[..., P : P + key_channels] if key_channels else None
-            attention_query = x[..., P + key_channels :]
             if self.context_norm is not None:
                 context = self.context_norm(context)
             attended, scores = self.attend(
@@ -169,7 +168,8 @@ class PosteriorCell(_StochasticCell):
         condition: the prior condition (layer 0: the top constant's context).
         query: the inference attention's query.
         prior_raw: the prior's raw `(loc, log_scale)` (layer 0: `None`).
-        features: the bottom-up features `[h_0, ..., h_L]`.
+        features: the bottom-up features `[h_0, ..., h_L]` as
+            `split_features` returns them: `(value, key)` pairs.
         training: bool.
         seed_generator: the model's, for log-scale noise in training.
 
@@ -211,14 +211,25 @@ class PosteriorCell(_StochasticCell):
                 name=f"inference_gate_{index}", shape=(), initializer="zeros", regularizer=builder._regularizer
             )
 
-    def _attended(self, merged, query, deeper_features):
-        """Eq. 10-11: the condition attends over its own and the deeper features."""
+    def split_features(self, features):
+        """The bottom-up features as `(value, key)` pairs: each split once per pass, for every layer's cell.
+
+        Without inference attention a feature is not split: `(feature, None)`.
+        """
+        if not self.key_channels:
+            return [(f, None) for f in features]
+        return [tuple(split_channels(f, [self.value_channels, self.key_channels])) for f in features]
+
+    def _attended(self, condition, key, query, deeper_features):
+        """Eq. 10-11: the condition attends over its own and the deeper features.
+
+        `key` is `None` without inference attention; `condition` is then
+        the whole feature and passes unchanged.
+        """
         if self.attend is None:
-            return merged, None
-        E = self.value_channels
-        condition, key = merged[..., :E], merged[..., E:]
-        values = [condition] + [f[..., :E] for f in deeper_features]
-        keys = [key] + [f[..., E:] for f in deeper_features]
+            return condition, None
+        values = [condition] + [value for value, _ in deeper_features]
+        keys = [key] + [f_key for _, f_key in deeper_features]
         attended, scores = self.attend(query, keys, values, return_attention_scores=True)
         if self.norm is not None:
             condition = self.norm(condition)
@@ -227,17 +238,18 @@ class PosteriorCell(_StochasticCell):
 
     def call(self, condition, query, prior_raw, features, training=None, seed_generator=None):
         i = self.index
-        h, deeper = features[i], features[i + 1 :]
+        (h_value, h_key), deeper = features[i], features[i + 1 :]
         if i == 0:
-            x, scores = self._attended(h, query, deeper)
+            x, scores = self._attended(h_value, h_key, query, deeper)
             x = self.top[0](ops.elu(x))
             raw_loc, raw_log_scale = self._split(self.top[1](ops.elu(x)))
         else:
             merged = self.merge_condition(condition)
-            merged = merged + (self.merge_h(h[..., : self.value_channels]) if self.merge_h is not None else h)
+            merged = merged + (self.merge_h(h_value) if self.merge_h is not None else h_value)
             if self.merge_nonlocal is not None:
                 merged = self.merge_nonlocal(merged, training=training)
-            x, scores = self._attended(merged, query, deeper)
+            merged_value, merged_key = self.split_features([merged])[0]
+            x, scores = self._attended(merged_value, merged_key, query, deeper)
             delta_loc, delta_log_scale = self._split(self.head(x))
             prior_loc, prior_log_scale = prior_raw
             raw_loc, raw_log_scale = prior_loc + delta_loc, prior_log_scale + delta_log_scale

@@ -19,6 +19,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_avae.ops.channels import split_channels
+
 _KERNELS = ("softmax", "relu")
 _SCALINGS = ("chi", "sqrt")
 # Sequence chunk of the causal prefix sums: memory O(L/C * m * d_v + L * C)
@@ -218,17 +220,13 @@ def favor_attention(
     valid = None
     if key_mask is not None:
         valid = ops.cast(key_mask, "bool")[:, :, None] if single_head else ops.cast(key_mask, "bool")[:, :, None, None]
-    q_prime = _feature_map(query, random_features, kernel, True, scale, eps, normalise=False)
-    k_prime = _feature_map(
-        key, random_features, kernel, False, scale, eps, valid=valid, normalise=False, sequence_axis=-2 if single_head else -3
-    )
     v = ops.cast(value, "float32")
+    if single_head and not causal:
+        return ops.cast(_single_head_attention(query, key, v, random_features, kernel, scale, eps, valid), query.dtype)
+    q_prime = _feature_map(query, random_features, kernel, True, scale, eps, normalise=False)
+    k_prime = _feature_map(key, random_features, kernel, False, scale, eps, valid=valid, normalise=False)
     if causal:
         numerator, denominator = _causal_sums(q_prime, k_prime, v)
-    elif single_head:
-        # No head axis: plain batched matrix products, no transposes.
-        numerator = ops.matmul(q_prime, ops.einsum("bsm,bsd->bmd", k_prime, v))
-        denominator = ops.matmul(q_prime, ops.sum(k_prime, axis=1)[:, :, None])[:, :, 0]
     else:
         kv = ops.einsum("bsnm,bsnd->bnmd", k_prime, v)
         numerator = ops.einsum("btnm,bnmd->btnd", q_prime, kv)
@@ -237,6 +235,40 @@ def favor_attention(
     # term of the numerator is zero too (no valid key): return 0, not NaN.
     denominator = ops.where(denominator > 0, denominator, ops.ones_like(denominator))
     return ops.cast(numerator / ops.expand_dims(denominator, -1), query.dtype)
+
+
+def _single_head_attention(query, key, value, random_features, kernel, scale, eps, valid):
+    """Non-causal `favor_attention` of `(B, T, d)` queries: `(B, T, d_v)` float32.
+
+    Two matrix products in all: the normaliser rides along the numerator
+    as a column of ones appended to the values, and the `eps` added to
+    every feature is added to the (small) products instead of to the
+    `(B, L, m)` features: `(phi + eps) M = phi M + eps 1 (1^T M)`. Keys
+    outside `valid` must contribute nothing, not `eps`, so with a mask the
+    keys' `eps` is added to their features as in `_feature_map`.
+    """
+    q_prime = _feature_map(query, random_features, kernel, True, scale, 0.0, normalise=False)
+    key_eps = eps if valid is not None else 0.0
+    k_prime = _feature_map(key, random_features, kernel, False, scale, key_eps, valid, False, sequence_axis=-2)
+    batch, length = ops.shape(value)[0], ops.shape(value)[1]
+    value_dim = value.shape[-1]
+    values_and_ones = ops.concatenate([value, ops.ones((batch, length, 1), dtype="float32")], axis=-1)
+    kv = ops.matmul(ops.transpose(k_prime, (0, 2, 1)), values_and_ones)  # (B, m, d_v + 1)
+    if valid is None:
+        kv = kv + eps * ops.sum(values_and_ones, axis=1, keepdims=True)
+    out = ops.matmul(q_prime, kv) + eps * ops.sum(kv, axis=1, keepdims=True)
+    numerator, denominator = split_channels(out, [value_dim, 1])
+    # Features are non-negative, so the normaliser is zero only when every
+    # term of the numerator is zero too (no valid key): return 0, not NaN.
+    denominator = ops.where(denominator > 0, denominator, ops.ones_like(denominator))
+    return numerator / denominator
+
+
+def _project(x, random_features):
+    """`x @ W^T` over the last axis, as one 2-D matrix product (no einsum transposes)."""
+    shape = ops.shape(x)
+    flat = ops.matmul(ops.reshape(x, (-1, x.shape[-1])), ops.transpose(random_features))
+    return ops.reshape(flat, (*shape[:-1], random_features.shape[0]))
 
 
 def _validate(kernel, scale, eps):
@@ -264,7 +296,7 @@ def _feature_map(x, random_features, kernel, is_query, scale, eps, valid=None, n
     x = ops.cast(x, "float32")
     # Scaling the (m, d) features rather than x by sqrt(scale) saves a pass
     # over the inputs: W (sqrt(s) x) = (sqrt(s) W) x.
-    projection = ops.einsum("...d,md->...m", x, ops.cast(random_features, "float32") * math.sqrt(scale))
+    projection = _project(x, ops.cast(random_features, "float32") * math.sqrt(scale))
     if kernel == "relu":
         features = ops.relu(projection)
     elif is_query and valid is None:
@@ -291,7 +323,8 @@ def _feature_map(x, random_features, kernel, is_query, scale, eps, valid=None, n
         features = ops.exp(exponent)
     # eps is relative to the largest softmax feature (1 after stabilisation),
     # so its bias does not grow with the number of features.
-    features = features + eps
+    if eps:
+        features = features + eps
     if normalise:
         features = features / math.sqrt(num_features)
     if valid is not None:

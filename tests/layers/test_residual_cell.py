@@ -119,9 +119,13 @@ class TestResidualCell(TestCase):
             expected_num_non_trainable_weights=4,  # the two batch norms' moving statistics
         )
 
-    @pytest.mark.parametrize("scale", ["same", "down", "up"])
-    def test_matches_numpy_in_inference(self, scale):
-        x = images(1, (2, 5, 5, 4)) if scale == "down" else images(1)  # odd sizes: the padded phases
+    @pytest.mark.parametrize(
+        "scale, shape",
+        # Even sizes: the reduce as one 2x2 convolution; odd: the padded phases.
+        [("same", (2, 6, 6, 4)), ("down", (2, 6, 6, 4)), ("down", (2, 5, 5, 4)), ("up", (2, 6, 6, 4))],
+    )
+    def test_matches_numpy_in_inference(self, scale, shape):
+        x = images(1, shape)
         cell = ResidualCell(scale, residual_scale=0.7)
         cell(x)
         randomise(cell, seed=2)

@@ -93,7 +93,7 @@ def test_posterior_cell_is_a_residual_correction_of_the_prior():
     prior_loc = rng.normal(size=(*shape, model.latent_channels)).astype("float32")
     prior_log_scale = rng.normal(size=prior_loc.shape).astype("float32")
     cell = model.posterior_cells[1]
-    q, scores = cell(condition, query, (prior_loc, prior_log_scale), features, training=False)
+    q, scores = cell(condition, query, (prior_loc, prior_log_scale), cell.split_features(features), training=False)
 
     E = model._values
     merged = to_numpy(cell.merge_condition(condition)) + to_numpy(cell.merge_h(to_numpy(features[1])[..., :E]))

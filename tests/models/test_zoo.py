@@ -212,14 +212,15 @@ def _log_weights_under_one_sampling_seed(model, x):
 )
 @pytest.mark.parametrize("name", [n for n in TRAINED if zoo.describe(n)["family"] == "hierarchical_vae"])
 def test_shipped_weights_reproduce_their_card_on_the_shipped_images(name):
-    # The card's figure was computed by tools/convert_weights_layout.py with
-    # the file and code from before the PriorCell/PosteriorCell layout; the
-    # converted file in the current layout must give it to the last digit.
+    # The card's figure was computed with the code the weights were trained
+    # or converted with; today's code must give it to float32 rounding: the
+    # faster step reorders sums (one float32 ulp of CIFAR-10's 10,814 nats
+    # is 0.001), while other weights or random features move it by nats.
     card = zoo.describe(name)["results"]
     model = zoo.load(name)
     x = keras_avae.datasets.shipped_sample(zoo.describe(name)["dataset"], 100)
     nelbo = float(np.mean(_log_weights_under_one_sampling_seed(model, x)))
-    assert round(nelbo, 4) == card["shipped_sample_nelbo_nats"], (nelbo, card["shipped_sample_nelbo_nats"])
+    np.testing.assert_allclose(nelbo, card["shipped_sample_nelbo_nats"], rtol=2e-7, atol=1e-4)
 
 
 def test_weight_files_of_the_old_layout_are_refused_by_name(tmp_path):
