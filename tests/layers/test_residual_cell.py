@@ -140,6 +140,28 @@ class TestResidualCell(TestCase):
         with pytest.raises(ValueError, match="channels.*even"):
             ResidualCell("up")(images(0, (1, 4, 4, 3)))
 
+    @pytest.mark.parametrize("attention", ["softmax", "performer"])
+    def test_up_cell_trains_as_if_it_upsampled_first(self, attention):
+        # The cell runs its first batch norm, non-local block and Swish before
+        # the upsampling; the paper's order (upsample first) must give the
+        # same output and the same moving statistics in training.
+        x = images(6)
+        kwargs = {"nonlocal_key_dim": 2, "nonlocal_attention": attention, "seed": 1, "residual_scale": 0.7}
+        cell, paper_order = ResidualCell("up", **kwargs), ResidualCell("up", **kwargs)
+        cell(x)
+        paper_order(x)
+        randomise(cell, seed=7)
+        paper_order.set_weights(cell.get_weights())
+
+        h = keras.ops.convert_to_tensor(np.repeat(np.repeat(x, 2, axis=1), 2, axis=2))
+        for norm, block, conv in zip(paper_order.node_norms, paper_order.node_nonlocals, paper_order.node_convs):
+            h = conv(keras.ops.silu(block(norm(h, training=True), training=True)))
+        expected = 0.7 * h + paper_order._shortcut(x, training=True)
+
+        self.assertAllClose(cell(x, training=True), expected, atol=1e-5, rtol=1e-5)
+        for ours, theirs in zip(cell.non_trainable_weights, paper_order.non_trainable_weights):
+            self.assertAllClose(ours, theirs, atol=1e-6, rtol=1e-6)
+
 
 class TestLayerNormGelu(TestCase):
     def test_layer_behaviours(self):

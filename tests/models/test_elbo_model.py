@@ -84,3 +84,26 @@ class TestRegularization(TestCase):
         model.add_loss(ops.convert_to_tensor(3.0))
         expected = sum(to_numpy(term) for term in model.losses)
         self.assertAllClose(to_numpy(_penalty(model)), expected, rtol=1e-5)
+
+
+class TestTrainFunction(TestCase):
+    def test_optimizer_is_built_before_the_first_step_is_traced(self):
+        model = HierarchicalVAE(**TINY)
+        model.build()
+        model.compile(optimizer=keras.optimizers.Adamax(1e-3))
+        traces = []
+        train_step = model.train_step
+
+        def counted_train_step(*args):  # JAX passes its state first
+            traces.append(args)  # once per trace (TF, JAX), once per step (torch)
+            return train_step(*args)
+
+        model.train_step = counted_train_step
+        x = shapes_batch(4)
+        model.train_on_batch(x)
+        assert model.optimizer.built
+        # Variables created inside the first trace make tf.function trace twice.
+        assert len(traces) == 1
+        before = [to_numpy(v) for v in model.trainable_variables]
+        model.train_on_batch(x)
+        assert any(not np.array_equal(a, to_numpy(v)) for a, v in zip(before, model.trainable_variables))
