@@ -24,9 +24,12 @@ class ResidualCell(keras.layers.Layer):
     - `scale="down"`: stride 2 in the first node, channels doubled; the
       shortcut is a factorised reduce (Swish, then four stride-2 1x1 convs on
       the input shifted by 0 or 1 pixel, concatenated).
-    - `scale="up"`: nearest-neighbour x2 upsampling before the nodes,
-      channels halved; the shortcut is a bilinear (corner-aligned) x2 resize,
-      an optional non-local block and a bias-free 1x1 conv.
+    - `scale="up"`: nearest-neighbour x2 upsampling before the nodes
+      (computed after the first node's batch norm, non-local block and
+      Swish, which commute with it: the same function at a quarter of the
+      positions), channels halved; the shortcut is a bilinear
+      (corner-aligned) x2 resize, an optional non-local block and a
+      bias-free 1x1 conv.
 
     All convolutions are weight-normalised.
 
@@ -215,7 +218,7 @@ class ResidualCell(keras.layers.Layer):
             return inputs
         if self.scale == "down":
             u = ops.silu(inputs)
-            if inputs.shape[1] is not None and inputs.shape[1] % 2 == 0 and inputs.shape[2] % 2 == 0:
+            if None not in inputs.shape[1:3] and inputs.shape[1] % 2 == 0 and inputs.shape[2] % 2 == 0:
                 return self._phase_reduce(u)
             # Even/odd pixel phases, so no input pixel is skipped by stride 2.
             shifted = [u, u[:, 1:, 1:], u[:, :, 1:], u[:, 1:, :]]

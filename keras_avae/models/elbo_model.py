@@ -69,8 +69,8 @@ class ELBOModel(PresetMixin, keras.Model):
         Without a `tf.distribute` strategy, Keras' TensorFlow trainer builds
         the optimizer inside the first traced step; creating its variables
         there makes `tf.function` trace the whole step a second time, and
-        each of the thousand variables is created through the tracing
-        machinery. Built here, eagerly, the first step traces once: about
+        each of its variables (two per weight for Adamax) is created through
+        the tracing machinery. Built here, eagerly, the first step traces once: about
         half the first-step time of `mnist-attentive-small`
         (`benchmarks/train_throughput.py`). The other backends build it
         before tracing anyway.

@@ -242,6 +242,8 @@ def _has_random_features(name):
 @pytest.mark.slow
 # Only entries with FAVOR+ features can load as another model (other
 # features); the baselines' load paths are the same code, tested above.
+# The features are drawn with NumPy, the same on every backend: one backend.
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="backend-independent features; run on TensorFlow")
 @pytest.mark.parametrize("name", [n for n in TRAINED if _has_random_features(n)])
 def test_every_default_load_is_the_trained_model(name, tmp_path):
     x = keras_avae.datasets.shipped_sample(zoo.describe(name)["dataset"], 4)
