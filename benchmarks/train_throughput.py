@@ -13,9 +13,14 @@ with the new/old factors.
 What each figure is:
 
 - bare step: a fresh process builds `keras_avae.zoo.load(name, weights=None,
-  seed=0)`, compiles it with `Adamax(1e-3)` and `jit_compile="auto"` (what
-  `keras-avae train` uses: graph mode without XLA for TensorFlow on CPU,
-  `jax.jit` on JAX, eager on torch) and calls `train_on_batch` on one fixed
+  seed=0)`, compiles it with the optimizer `keras-avae train` uses
+  (`--optimizer recipe`, the default: that code version's
+  `keras_avae.training.make_optimizer` for the entry's recipe, i.e.
+  `NonFiniteGuard` around Adamax on the warm-up schedule) or with a plain
+  `keras.optimizers.Adamax(1e-3)` (`--optimizer adamax`), and
+  `jit_compile="auto"` (what `keras-avae train` uses: graph mode without
+  XLA for TensorFlow on CPU, `jax.jit` on JAX, eager on torch) and calls
+  `train_on_batch` on one fixed
   random batch (binary images; 8-bit images in [-1, 1] for logistic-mixture
   entries). "step ms" is the median of `--steps` steps after 2 warm-up
   steps; "first-step trace s" is the first call's time (tracing,
@@ -211,17 +216,22 @@ def count_flops(model, x):
     return {"flops": sum(counted.values()), "flops_by_op": counted, "flops_method": method}
 
 
-def measure(name, overrides, batch_size, steps, flops):
+def measure(name, overrides, batch_size, steps, flops, optimizer_kind="recipe"):
     import keras
     import numpy as np
 
     import keras_avae
+    from keras_avae import training
 
     start = time.perf_counter()
     model = keras_avae.zoo.load(name, weights=None, seed=0, **overrides)
     build_s = time.perf_counter() - start
+    if optimizer_kind == "recipe":
+        optimizer = training.make_optimizer(training.resolve_recipe(name), steps_per_epoch=1875)
+    else:
+        optimizer = keras.optimizers.Adamax(1e-3)
     # "auto" is what `keras-avae train` compiles with.
-    model.compile(optimizer=keras.optimizers.Adamax(1e-3), jit_compile="auto")
+    model.compile(optimizer=optimizer, jit_compile="auto")
     x = random_batch(model, batch_size)
 
     def step():
@@ -231,10 +241,15 @@ def measure(name, overrides, batch_size, steps, flops):
     step()
     first_s = time.perf_counter() - start
     step_s = median_seconds(step, steps)
+    guard = training.find_guard(model.optimizer)
+    if guard is not None and int(keras.ops.convert_to_numpy(guard.nonfinite_steps)):
+        # A skipped step is cheaper: its time would not be a training step's.
+        raise RuntimeError("the guard skipped non-finite steps; the timings are not training steps")
     result = {
         "keras_avae": os.path.dirname(keras_avae.__file__),
         "backend": keras.backend.backend(),
         "jit_compile": bool(model.jit_compile),
+        "optimizer": type(getattr(model.optimizer, "inner_optimizer", model.optimizer)).__name__,
         "params": int(sum(int(np.prod(w.shape)) for w in model.trainable_weights)),
         "build_s": build_s,
         "first_step_s": first_s,
@@ -274,6 +289,7 @@ def run_child(args, mode, name, backend, version, with_flops=False):
     command += ["--batch-size", str(args.batch_size), "--steps", str(args.steps)]
     command += ["--quick"] if args.quick else []
     command += ["--child-flops"] if with_flops else []
+    command += ["--optimizer", args.optimizer]
     done = subprocess.run(command, capture_output=True, text=True, env=child_env(backend, version["root"]))
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines() or ["no output"]
@@ -394,6 +410,12 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=1, help="old/new pairs of runs; medians are printed")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=10, help="timed steps after 2 warm-up steps")
+    parser.add_argument(
+        "--optimizer",
+        choices=("recipe", "adamax"),
+        default="recipe",
+        help="bare step's optimizer: the entry's recipe as `keras-avae train` builds it, or plain Adamax(1e-3)",
+    )
     parser.add_argument("--train-steps", type=int, default=20, help="steps per epoch of `keras-avae train`")
     parser.add_argument("--no-train", action="store_true", help="skip the `keras-avae train` runs")
     parser.add_argument("--quick", action="store_true", help="smoke test: tiny model, 2 steps, first entry only")
@@ -406,7 +428,7 @@ def main(argv=None):
     overrides = dict(TINY) if args.quick else {}
 
     if args.child == "step":
-        print(json.dumps(measure(args.child_entry, overrides, args.batch_size, args.steps, args.child_flops)))
+        print(json.dumps(measure(args.child_entry, overrides, args.batch_size, args.steps, args.child_flops, args.optimizer)))
         return
     if args.child == "flops":
         print(json.dumps(flops_only(args.child_entry, overrides, args.batch_size)))
@@ -462,6 +484,7 @@ def run(args, tmp):
                 row["flops_method"] = flops[key, name].get("flops_method")
                 row["errors"] = [r["error"] for r in steps[key] + trains[key] + [flops[key, name]] if "error" in r]
                 row["jit_compile"] = next((r["jit_compile"] for r in steps[key] if "jit_compile" in r), None)
+                row["optimizer"] = next((r["optimizer"] for r in steps[key] if "optimizer" in r), None)
                 gflops = row["flops"] and row["step_ms"] and row["flops"] / row["step_ms"] / 1e6
                 row["gflops_per_s"] = gflops or None
                 row["conv_fraction"] = gflops / row["conv_gflops"] if gflops and row["conv_gflops"] else None
@@ -476,7 +499,10 @@ def run(args, tmp):
 def print_table(args, versions, rows):
     print(
         f"batch {args.batch_size}, step = median of {args.steps} train_on_batch calls after {WARMUP} warm-up, "
-        f"medians over {args.rounds} round(s){', tiny model (--quick)' if args.quick else ''}"
+        f"medians over {args.rounds} round(s){', tiny model (--quick)' if args.quick else ''}; "
+        f"bare-step optimizer: {args.optimizer} ("
+        + ", ".join(sorted({f"{r['label'].split(' ')[0]} {r['optimizer']}" for r in rows if r["optimizer"]}))
+        + ")"
     )
     for row in rows:
         if row["flops"] and row["backend"] == rows[0]["backend"]:  # the same count on every backend

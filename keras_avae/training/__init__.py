@@ -7,6 +7,8 @@ one concept per module:
 - `schedules`: `WarmupCosineDecay`, a linear learning-rate warm-up from
   1e-4, then cosine decay to a floor, optionally with one warm restart; per
   step. `make_schedule` builds it from a recipe.
+- `fused_adamax`: `FusedAdamax`, Keras' Adamax with TensorFlow's fused
+  `ApplyAdaMax` kernel as its update (one op per weight, not about 20).
 - `optimizers`: `make_optimizer(recipe, steps_per_epoch)`: Adamax (lr 1e-2,
   beta_1 0.9, beta_2 0.999, epsilon 1e-3) on that schedule, optional global
   gradient clipping, wrapped in `NonFiniteGuard`: an optimizer wrapper (the
@@ -73,6 +75,7 @@ from keras_avae.training.distribute import is_chief
 from keras_avae.training.distribute import make_strategy
 from keras_avae.training.distribute import num_replicas
 from keras_avae.training.distribute import split_cpu
+from keras_avae.training.fused_adamax import FusedAdamax
 from keras_avae.training.images import encode_png
 from keras_avae.training.jax_distribution import make_distribution
 from keras_avae.training.jax_distribution import set_host_device_count
