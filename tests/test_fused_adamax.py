@@ -87,3 +87,18 @@ def test_make_optimizer_uses_it_on_tensorflow_only():
     # On PyTorch Keras swaps `keras.optimizers.Adamax` for its multi-tensor
     # version, which a subclass would not get.
     assert isinstance(inner, training.FusedAdamax) == (BACKEND == "tensorflow")
+
+
+def test_sparse_gradients_of_an_embedding():
+    """An embedding's gradient (IndexedSlices on TensorFlow): the same update as Keras' Adamax."""
+
+    def state(optimizer):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(10, 4), keras.layers.Dense(1)])
+        model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+        for step in range(3):
+            model.train_on_batch(np.array([[1, 2, 2], [5, 1, 0]]) + step, np.ones((2, 3, 1), "float32"))
+        return [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
+
+    for a, b in zip(state(training.FusedAdamax(1e-2)), state(keras.optimizers.Adamax(1e-2))):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

@@ -49,6 +49,9 @@ class FusedAdamax(keras.optimizers.Adamax):
             return super().update_step(gradient, variable, learning_rate)
         import tensorflow as tf
 
+        if isinstance(gradient, tf.IndexedSlices):
+            # The fused kernel takes dense gradients (Keras' update densifies too).
+            gradient = tf.convert_to_tensor(gradient)
         index = self._get_variable_index(variable)
         dtype = variable.dtype
         local_step = tf.cast(self.iterations + 1, dtype)
