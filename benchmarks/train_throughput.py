@@ -537,6 +537,22 @@ def print_table(args, versions, rows):
     for row in rows:
         for error in row["errors"]:
             print(f"failed: {row['backend']} {row['entry']} {row['label']}: {error}")
+    # Whole processes differ by up to a third on this kind of machine: the
+    # paired rounds show how far the medians can be trusted.
+    for i, row in enumerate(rows):
+        old = rows[i - 1] if i and row["version"] == "new" and rows[i - 1]["version"] == "old" else None
+        if old and len(row["rounds"]["step"]) > 1:
+            pairs = {
+                figure: [
+                    factor(o.get(figure), n.get(figure))
+                    for o, n in zip(old["rounds"][group], row["rounds"][group])
+                ]
+                for figure, group in (("step_ms", "step"), ("trace_s", "step"), ("train_ms", "train"))
+            }
+            print(
+                f"per round, old/new, {row['backend']} {row['entry']}: step {' '.join(pairs['step_ms'])}; "
+                f"trace {' '.join(pairs['trace_s'])}; train {' '.join(pairs['train_ms']) or '-'}"
+            )
     print(
         "\nnew vs old: images/s and GFLOP/s new/old; step ms, trace s and train ms/step old/new (>1: new is better). "
         "fraction of conv = GFLOP/s / conv GFLOP/s of the same process."
