@@ -28,6 +28,16 @@ def test_attention_benchmark_runs():
     assert any(line.startswith("Crossover:") for line in lines)
 
 
+def test_favor_product_layout_benchmark_runs():
+    # The script itself checks that both layouts give the same gradients.
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "favor_product_layout.py"), "--repeats", "1"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ})
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = done.stdout.splitlines()[-1].split()
+    assert figures[0] == "columns" and figures[2] == "rows" and figures[5].endswith("x")
+    assert float(figures[1]) > 0 and float(figures[3]) > 0
+
+
 def test_evaluation_speed_benchmark_runs():
     command = [sys.executable, os.path.join(ROOT, "benchmarks", "evaluation_speed.py")]
     command += ["--names", "mnist-baseline-small", "--batch-size", "2", "--num-samples", "2", "--repeats", "1", "--tiny"]
