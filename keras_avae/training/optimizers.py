@@ -1,10 +1,11 @@
 """The recipe's optimizer and `NonFiniteGuard`, which skips non-finite steps.
 
-`make_optimizer` builds Adamax (`FusedAdamax` on TensorFlow) or Adam on `make_schedule`'s schedule,
-with optional global gradient clipping, wrapped in `NonFiniteGuard`: an
-optimizer wrapper (the pattern of Keras' `LossScaleOptimizer`) that skips
-every step whose gradients are not all finite and counts the skipped steps
-in a checkpointed variable. `NonFiniteMonitor` (in `callbacks`) completes it.
+`make_optimizer` builds Adamax (`FusedAdamax` on TensorFlow) or Adam on
+`make_schedule`'s schedule, with optional global gradient clipping,
+wrapped in `NonFiniteGuard`: an optimizer wrapper (the pattern of Keras'
+`LossScaleOptimizer`) that skips every step whose gradients are not all
+finite and counts the skipped steps in a checkpointed variable.
+`NonFiniteMonitor` (in `callbacks`) completes it.
 """
 
 import keras
