@@ -227,6 +227,7 @@ def measure(name, overrides, batch_size, steps, flops, optimizer_kind="recipe"):
     model = keras_avae.zoo.load(name, weights=None, seed=0, **overrides)
     build_s = time.perf_counter() - start
     if optimizer_kind == "recipe":
+        # 1875 steps per epoch: MNIST's 60,000 images in batches of 32.
         optimizer = training.make_optimizer(training.resolve_recipe(name), steps_per_epoch=1875)
     else:
         optimizer = keras.optimizers.Adamax(1e-3)
@@ -514,6 +515,7 @@ def print_table(args, versions, rows):
         "| first-step trace s | train ms/step | train/bare |"
     )
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    per_round = []
     for i, row in enumerate(rows):
         print(
             f"| {row['backend']} | {row['entry']} | {row['label']} | {fmt(row['images_per_s'], '.1f')} "
@@ -522,37 +524,37 @@ def print_table(args, versions, rows):
             f"| {fmt(row['train_over_bare'], '.2f')} |"
         )
         old = rows[i - 1] if i and row["version"] == "new" and rows[i - 1]["version"] == "old" else None
-        if old:
-            # Every factor reads "new is N times better": >1 is an improvement.
-            cells = [
-                factor(row["images_per_s"], old["images_per_s"]),
-                factor(old["step_ms"], row["step_ms"]),
-                factor(row["gflops_per_s"], old["gflops_per_s"]),
-                factor(row["conv_gflops"], old["conv_gflops"]),
-                factor(row["conv_fraction"], old["conv_fraction"]),
-                factor(old["trace_s"], row["trace_s"]),
-                factor(old["train_ms"], row["train_ms"]),
-            ]
-            print(f"| {row['backend']} | {row['entry']} | **new vs old** | {' | '.join(cells)} | |")
+        if not old:
+            continue
+        # Every factor reads "new is N times better": >1 is an improvement.
+        cells = [
+            factor(row["images_per_s"], old["images_per_s"]),
+            factor(old["step_ms"], row["step_ms"]),
+            factor(row["gflops_per_s"], old["gflops_per_s"]),
+            factor(row["conv_gflops"], old["conv_gflops"]),
+            factor(row["conv_fraction"], old["conv_fraction"]),
+            factor(old["trace_s"], row["trace_s"]),
+            factor(old["train_ms"], row["train_ms"]),
+        ]
+        print(f"| {row['backend']} | {row['entry']} | **new vs old** | {' | '.join(cells)} | |")
+        if len(row["rounds"]["step"]) > 1:
+            # Whole processes differ by up to a third on this kind of
+            # machine: the paired rounds show how far the medians hold.
+            pairs = {
+                figure: " ".join(
+                    factor(o.get(figure), n.get(figure)) for o, n in zip(old["rounds"][group], row["rounds"][group])
+                )
+                for figure, group in (("step_ms", "step"), ("trace_s", "step"), ("train_ms", "train"))
+            }
+            per_round.append(
+                f"per round, old/new, {row['backend']} {row['entry']}: step {pairs['step_ms']}; "
+                f"trace {pairs['trace_s']}; train {pairs['train_ms'] or '-'}"
+            )
     for row in rows:
         for error in row["errors"]:
             print(f"failed: {row['backend']} {row['entry']} {row['label']}: {error}")
-    # Whole processes differ by up to a third on this kind of machine: the
-    # paired rounds show how far the medians can be trusted.
-    for i, row in enumerate(rows):
-        old = rows[i - 1] if i and row["version"] == "new" and rows[i - 1]["version"] == "old" else None
-        if old and len(row["rounds"]["step"]) > 1:
-            pairs = {
-                figure: [
-                    factor(o.get(figure), n.get(figure))
-                    for o, n in zip(old["rounds"][group], row["rounds"][group])
-                ]
-                for figure, group in (("step_ms", "step"), ("trace_s", "step"), ("train_ms", "train"))
-            }
-            print(
-                f"per round, old/new, {row['backend']} {row['entry']}: step {' '.join(pairs['step_ms'])}; "
-                f"trace {' '.join(pairs['trace_s'])}; train {' '.join(pairs['train_ms']) or '-'}"
-            )
+    for line in per_round:
+        print(line)
     print(
         "\nnew vs old: images/s and GFLOP/s new/old; step ms, trace s and train ms/step old/new (>1: new is better). "
         "fraction of conv = GFLOP/s / conv GFLOP/s of the same process."

@@ -78,6 +78,7 @@ def test_one_fused_op_per_weight_in_the_traced_update():
     _, reference = traced_ops(keras.optimizers.Adamax(1e-3))
     assert fused.count("ResourceApplyAdaMax") == len(variables) == 5
     assert reference.count("ResourceApplyAdaMax") == 0
+    assert fused.count("Pow") == 1  # beta_1 ** t once per step, not once per weight
     assert len(fused) < len(reference) / 2, (len(fused), len(reference))
 
 
@@ -102,3 +103,22 @@ def test_sparse_gradients_of_an_embedding():
 
     for a, b in zip(state(training.FusedAdamax(1e-2)), state(keras.optimizers.Adamax(1e-2))):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="the cast is on the fused kernel's path (JAX has no float64 by default)")
+def test_float64_weights():
+    """Weights of another dtype than the step's float32 scalars: the same update as Keras' Adamax."""
+
+    def state(optimizer):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, dtype="float64")])
+        model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+        rng = np.random.default_rng(2)
+        for _ in range(3):
+            model.train_on_batch(rng.normal(size=(4, 3)), rng.normal(size=(4, 2)))
+        return [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
+
+    fused, reference = state(training.FusedAdamax(1e-2)), state(keras.optimizers.Adamax(1e-2))
+    assert fused[0].dtype == np.float64
+    for a, b in zip(fused, reference):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
