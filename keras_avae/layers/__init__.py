@@ -1,5 +1,6 @@
 """Backend-agnostic Keras 3 layers of keras-avae."""
 
+from keras_avae.layers.batch_normalization import BatchNormalization
 from keras_avae.layers.depthwise_attend import DepthwiseAttend
 from keras_avae.layers.discretized_logistic_mixture import (
     DiscretizedLogisticMixture,

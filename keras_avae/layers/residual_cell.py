@@ -4,6 +4,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_avae.layers.batch_normalization import BatchNormalization
 from keras_avae.layers.non_local_block import NonLocalBlock
 from keras_avae.layers.weight_norm_conv2d import WeightNormConv2D
 from keras_avae.layers.weight_norm_conv2d import _conv2d_channels_last
@@ -125,7 +126,7 @@ class ResidualCell(keras.layers.Layer):
         self.node_norms, self.node_nonlocals, self.node_convs = [], [], []
         node_in = channels
         for i in range(2):
-            norm = keras.layers.BatchNormalization(
+            norm = BatchNormalization(
                 momentum=self.bn_momentum,
                 epsilon=self.bn_epsilon,
                 synchronized=self.synchronized_batch_norm,
