@@ -86,8 +86,10 @@ class TestBatchNormalization(TestCase):
         self.assertAllClose(fused(x, training=True), plain(x, training=True), atol=1e-5, rtol=1e-5)
         self.assertAllClose(fused.moving_mean, before)
 
-    def test_gradients_match_keras(self):
+    @pytest.mark.parametrize("frozen", [False, True])
+    def test_gradients_match_keras(self, frozen):
         fused, plain = _pair(channels=4)
+        fused.trainable = plain.trainable = not frozen  # frozen: the moving statistics, no weights to train
         x = np.random.default_rng(4).normal(1.0, 2.0, size=(3, 6, 5, 4)).astype("float32")
         target = keras.ops.convert_to_tensor(np.random.default_rng(5).normal(size=x.shape).astype("float32"))
         loss = lambda y: keras.ops.sum(y * target)  # noqa: E731  (a non-uniform upstream gradient)
@@ -96,7 +98,7 @@ class TestBatchNormalization(TestCase):
             wrapper.build(x.shape)
         (fused_x, fused_w), (plain_x, plain_w) = [gradients(w, loss, {"inputs": x}) for w in wrappers]
         self.assertAllClose(fused_x["inputs"], plain_x["inputs"], atol=1e-4, rtol=1e-4)
-        assert len(fused_w) == len(plain_w) == 2
+        assert len(fused_w) == len(plain_w) == (0 if frozen else 2)
         for a, b in zip(fused_w, plain_w):
             self.assertAllClose(a, b, atol=1e-4, rtol=1e-4)
 
