@@ -90,18 +90,26 @@ def test_make_optimizer_uses_it_on_tensorflow_only():
     assert isinstance(inner, training.FusedAdamax) == (BACKEND == "tensorflow")
 
 
+def _weights_after_steps(optimizer, layers, batches):
+    """The trainable weights of `Sequential(layers)` (seeded) after one MSE `train_on_batch` per batch."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(layers())
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+    for x, y in batches:
+        model.train_on_batch(x, y)
+    return [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
+
+
 def test_sparse_gradients_of_an_embedding():
     """An embedding's gradient (IndexedSlices on TensorFlow): the same update as Keras' Adamax."""
 
-    def state(optimizer):
-        keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(10, 4), keras.layers.Dense(1)])
-        model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
-        for step in range(3):
-            model.train_on_batch(np.array([[1, 2, 2], [5, 1, 0]]) + step, np.ones((2, 3, 1), "float32"))
-        return [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
+    def layers():
+        return [keras.Input((3,), dtype="int32"), keras.layers.Embedding(10, 4), keras.layers.Dense(1)]
 
-    for a, b in zip(state(training.FusedAdamax(1e-2)), state(keras.optimizers.Adamax(1e-2))):
+    batches = [(np.array([[1, 2, 2], [5, 1, 0]]) + step, np.ones((2, 3, 1), "float32")) for step in range(3)]
+    fused = _weights_after_steps(training.FusedAdamax(1e-2), layers, batches)
+    reference = _weights_after_steps(keras.optimizers.Adamax(1e-2), layers, batches)
+    for a, b in zip(fused, reference):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
@@ -109,16 +117,13 @@ def test_sparse_gradients_of_an_embedding():
 def test_float64_weights():
     """Weights of another dtype than the step's float32 scalars: the same update as Keras' Adamax."""
 
-    def state(optimizer):
-        keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, dtype="float64")])
-        model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
-        rng = np.random.default_rng(2)
-        for _ in range(3):
-            model.train_on_batch(rng.normal(size=(4, 3)), rng.normal(size=(4, 2)))
-        return [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
+    def layers():
+        return [keras.Input((3,)), keras.layers.Dense(2, dtype="float64")]
 
-    fused, reference = state(training.FusedAdamax(1e-2)), state(keras.optimizers.Adamax(1e-2))
+    rng = np.random.default_rng(2)
+    batches = [(rng.normal(size=(4, 3)), rng.normal(size=(4, 2))) for _ in range(3)]
+    fused = _weights_after_steps(training.FusedAdamax(1e-2), layers, batches)
+    reference = _weights_after_steps(keras.optimizers.Adamax(1e-2), layers, batches)
     assert fused[0].dtype == np.float64
     for a, b in zip(fused, reference):
         np.testing.assert_allclose(a, b, rtol=1e-6)

@@ -255,9 +255,10 @@ def _single_head_attention(query, key, value, random_features, kernel, scale, ep
     values_and_ones = ops.concatenate([value, ops.ones((batch, length, 1), dtype="float32")], axis=-1)
     # Both products with the small (d_v + 1) axis as rows, `(kv)^T` and
     # `(phi(Q) kv)^T`: CPU matrix products whose result has a handful of
-    # columns run slowly (forward and backward at 32x32 positions, 2-core
-    # CPU: about 2x faster so on PyTorch, 1.4-1.6x on JAX, 1.1-1.2x on
-    # TensorFlow; `benchmarks/favor_product_layout.py`).
+    # columns run slowly (the two products alone, forward and backward at
+    # 32x32 positions, 2-core CPU: about 2x faster so on PyTorch, 1.4-1.6x
+    # on JAX, 1.1-1.2x on TensorFlow, `benchmarks/favor_product_layout.py`;
+    # whole torch attentive steps showed no gain).
     kv_t = ops.matmul(ops.transpose(values_and_ones, (0, 2, 1)), k_prime)  # (B, d_v + 1, m)
     if valid is None:
         kv_t = kv_t + eps * ops.expand_dims(ops.sum(values_and_ones, axis=1), -1)
