@@ -267,6 +267,30 @@ def test_guard_state_saves_and_loads(tmp_path):
         training.NonFiniteGuard(keras.optimizers.SGD(), global_clipnorm=1.0)
 
 
+@pytest.mark.parametrize(
+    "bad", [None, (1, 2, np.inf), (0, 0, -np.inf), (2, 4, np.nan)], ids=str
+)
+def test_check_finite_flags_any_inf_or_nan_and_leaves_the_gradients(bad):
+    rng = np.random.default_rng(0)
+    # Mixed dtypes, large finite values and a non-contiguous gradient (on torch).
+    arrays = [
+        rng.normal(size=(3, 3)).astype("float32"),
+        rng.normal(size=(4, 6)).astype("float16"),
+        rng.normal(size=(5,)).astype("float32") * 1e30,
+    ]
+    if bad is not None:
+        index, position, value = bad
+        arrays[index].flat[position] = value
+    grads = [keras.ops.convert_to_tensor(a) for a in arrays]
+    if BACKEND == "torch":
+        grads[1] = grads[1].T.contiguous().T  # same values, transposed strides
+    guard = training.NonFiniteGuard(keras.optimizers.Adamax())
+    finite = guard.check_finite([grads[0], None, grads[1], grads[2]])
+    assert bool(numpy_of(finite)) == all(np.isfinite(a).all() for a in arrays)
+    for grad, array in zip(grads, arrays):
+        np.testing.assert_array_equal(numpy_of(grad), array)
+    assert bool(numpy_of(guard.check_finite([None]))) is True
+
 # ---------------------------------------------------------------------- #
 # Checkpoints
 # ---------------------------------------------------------------------- #

@@ -213,7 +213,10 @@ class NonFiniteGuard(keras.optimizers.Optimizer):
         context.merge_call(cross_replica, args=(grads, trainable_variables))
 
     def check_finite(self, grads):
-        flags = [ops.all(ops.isfinite(g)) for g in grads if g is not None]
+        grads = [g for g in grads if g is not None]
+        if BACKEND == "torch" and grads and len({g.device for g in grads}) == 1:
+            return _torch_all_finite(grads)
+        flags = [ops.all(ops.isfinite(g)) for g in grads]
         return ops.all(ops.convert_to_tensor(flags))
 
     # --- Delegation ------------------------------------------------------ #
@@ -246,6 +249,25 @@ class NonFiniteGuard(keras.optimizers.Optimizer):
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("inner_optimizer"), custom_objects=custom_objects)
         return cls(inner, **config)
+
+
+def _torch_all_finite(grads):
+    """`all(isfinite(g))` over every gradient as one multi-tensor kernel call.
+
+    It is the check `torch.amp.GradScaler` runs on every step: it raises a
+    flag if any gradient holds an inf or a NaN, and multiplies every
+    gradient in place by the scale, here 1 (the values do not change).
+    Keras' `isfinite` and `all` per gradient dispatch about 1,400 ops per
+    step of `mnist-baseline-small` (230 weights); this is one. The
+    gradients must be on one device.
+    """
+    import torch
+
+    device = grads[0].device
+    found_inf = torch.zeros((), device=device)
+    with torch.no_grad():  # an in-place op, and `apply` may run outside `no_grad`
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, torch.ones((), device=device))
+    return found_inf == 0
 
 
 class NonFiniteTrainingError(RuntimeError):
