@@ -357,6 +357,28 @@ class TestFavorAttention(TestCase):
             np.testing.assert_array_equal(grads[1][0, 5:], 0.0)
             np.testing.assert_array_equal(grads[2][0, 5:], 0.0)
 
+    @pytest.mark.parametrize("kernel", ["softmax", "relu"])
+    def test_single_head_path_has_the_general_paths_values_and_gradients(self, kernel):
+        # Without a head axis, non-causal attention takes its own two-product
+        # path (with per-backend layouts of the features); with a head axis
+        # of size 1 it takes the general einsum path. Same function.
+        w = orthogonal_random_features(16, 8, seed=0)
+        weights = np.random.default_rng(1).normal(size=(2, 40, 5)).astype("float32")
+
+        def single_head(q, k, v):
+            out = favor_attention(q[:, :, 0], k[:, :, 0], v[:, :, 0], w, kernel=kernel, eps=1e-3)
+            return ops.sum(ops.multiply(out, weights))
+
+        def general(q, k, v):
+            out = favor_attention(q, k, v, w, kernel=kernel, eps=1e-3)
+            return ops.sum(ops.multiply(out[:, :, 0], weights))
+
+        qkv = random_qkv(8, length=40, heads=1, std=2.0)
+        self.assertAllClose(to_numpy(single_head(*qkv)), to_numpy(general(*qkv)), rtol=1e-5)
+        for actual, expected in zip(gradients(single_head, *qkv), gradients(general, *qkv)):
+            assert np.any(expected != 0)
+            self.assertAllClose(actual, expected, atol=1e-5, rtol=1e-4)
+
     @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
     def test_half_precision_inputs(self, dtype):
         # Internals run in float32; large logits that overflow float16's exp
