@@ -267,9 +267,7 @@ def test_guard_state_saves_and_loads(tmp_path):
         training.NonFiniteGuard(keras.optimizers.SGD(), global_clipnorm=1.0)
 
 
-@pytest.mark.parametrize(
-    "bad", [None, (1, 2, np.inf), (0, 0, -np.inf), (2, 4, np.nan)], ids=str
-)
+@pytest.mark.parametrize("bad", [None, (1, 2, np.inf), (0, 0, -np.inf), (2, 4, np.nan)], ids=str)
 def test_check_finite_flags_any_inf_or_nan_and_leaves_the_gradients(bad):
     rng = np.random.default_rng(0)
     # Mixed dtypes, large finite values and a non-contiguous gradient (on torch).
@@ -290,6 +288,7 @@ def test_check_finite_flags_any_inf_or_nan_and_leaves_the_gradients(bad):
     for grad, array in zip(grads, arrays):
         np.testing.assert_array_equal(numpy_of(grad), array)
     assert bool(numpy_of(guard.check_finite([None]))) is True
+
 
 # ---------------------------------------------------------------------- #
 # Checkpoints
