@@ -281,19 +281,31 @@ def _single_head_attention(query, key, value, random_features, kernel, scale, ep
 
 
 def _query_features_transposed(query, random_features, kernel, scale):
-    """`_feature_map` of `(B, T, d)` queries (no `eps`, not normalised), laid out `(B, m, T)`.
+    """`_feature_map` of `(B, T, d)` queries (no `eps`, not normalised), laid out `(B, m, T)`."""
+    _, weights = _scaled_random_features(random_features, scale, query.shape[-1])
+    projection = ops.matmul(weights, ops.transpose(ops.cast(query, "float32"), (0, 2, 1)))  # (B, m, T)
+    return _unmasked_query_features(projection, kernel, feature_axis=1)
 
-    The softmax kernel's stabiliser is the maximum over the features, as
-    in `_feature_map` (the `|x|^2 / 2` term cancels against it).
+
+def _scaled_random_features(random_features, scale, dim):
+    """The logit scale (default `1 / sqrt(dim)`) and `sqrt(scale) W` in float32.
+
+    Scaling the (m, d) features rather than x by sqrt(scale) saves a pass
+    over the inputs: W (sqrt(s) x) = (sqrt(s) W) x.
     """
-    dim = query.shape[-1]
     if scale is None:
         scale = 1.0 / math.sqrt(dim)
-    w = ops.cast(random_features, "float32") * math.sqrt(scale)
-    projection = ops.matmul(w, ops.transpose(ops.cast(query, "float32"), (0, 2, 1)))  # (B, m, T)
+    return scale, ops.cast(random_features, "float32") * math.sqrt(scale)
+
+
+def _unmasked_query_features(projection, kernel, feature_axis=-1):
+    """Features from `projection = W x` for queries without a mask (and for any ReLU features)."""
     if kernel == "relu":
         return ops.relu(projection)
-    return ops.exp(projection - ops.stop_gradient(ops.max(projection, axis=1, keepdims=True)))
+    # The query stabiliser is the maximum over the features of
+    # `W x - s |x|^2 / 2`; the second term is constant along them, so it
+    # cancels and `exponent - stabiliser = W x - max(W x)` exactly.
+    return ops.exp(projection - ops.stop_gradient(ops.max(projection, axis=feature_axis, keepdims=True)))
 
 
 def _batch_matmul(a, b, transpose_a=False, transpose_b=False):
@@ -342,21 +354,12 @@ def _feature_map(x, random_features, kernel, is_query, scale, eps, valid=None, n
     without a head axis, `(B, L, d)`.
     """
     _validate(kernel, scale, eps)
-    dim = x.shape[-1]
-    if scale is None:
-        scale = 1.0 / math.sqrt(dim)
     num_features = random_features.shape[0]
     x = ops.cast(x, "float32")
-    # Scaling the (m, d) features rather than x by sqrt(scale) saves a pass
-    # over the inputs: W (sqrt(s) x) = (sqrt(s) W) x.
-    projection = _project(x, ops.cast(random_features, "float32") * math.sqrt(scale))
-    if kernel == "relu":
-        features = ops.relu(projection)
-    elif is_query and valid is None:
-        # The query stabiliser is the row maximum of `W x - s |x|^2 / 2`; the
-        # second term is constant along the row, so it cancels and
-        # `exponent - stabiliser = W x - max(W x)` exactly.
-        features = ops.exp(projection - ops.stop_gradient(ops.max(projection, axis=-1, keepdims=True)))
+    scale, weights = _scaled_random_features(random_features, scale, x.shape[-1])
+    projection = _project(x, weights)
+    if kernel == "relu" or (is_query and valid is None):
+        features = _unmasked_query_features(projection, kernel)
     else:
         half_norm = (0.5 * scale) * ops.sum(ops.square(x), axis=-1, keepdims=True)
         row_max = ops.max(projection, axis=-1, keepdims=True)
