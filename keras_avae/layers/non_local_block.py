@@ -167,11 +167,10 @@ class NonLocalBlock(keras.layers.Layer):
             conv.build(input_shape)
         self.gamma = self.add_weight(name="gamma", shape=(), initializer=self.gamma_initializer)
 
-    def _project(self, inputs):
-        """`theta(x)`, `phi(x)` and `g(x)` as float32 `(B, H*W, channels)`."""
+    def _project(self, inputs, convs):
+        """The 1x1 convolutions `convs` of `inputs`, each as float32 `(B, H*W, channels)`."""
         batch = ops.shape(inputs)[0]
-        convs = (self.theta, self.phi, self.g)
-        if all(_is_pointwise(conv) for conv in convs):
+        if self._pointwise():
             # A 1x1 convolution is a matrix product over the channels: one
             # 2-D product per projection (no layout changes on any backend,
             # and no slicing of a joint product, whose gradient costs more
@@ -190,9 +189,12 @@ class NonLocalBlock(keras.layers.Layer):
         # weighted sum over all positions.
         return tuple(ops.cast(y, "float32") for y in projected)
 
+    def _pointwise(self):
+        return all(_is_pointwise(conv) for conv in (self.theta, self.phi, self.g))
+
     def call(self, inputs, training=None):
-        theta, phi, g = self._project(inputs)
         if self.attention == "softmax":
+            theta, phi, g = self._project(inputs, (self.theta, self.phi, self.g))
             # Unscaled logits, as in the reference (no 1/sqrt(key_dim)).
             scores = ops.softmax(ops.einsum("bpk,bqk->bpq", theta, phi), axis=-1)
             attended = ops.einsum("bpq,bqc->bpc", scores, g)
@@ -204,7 +206,21 @@ class NonLocalBlock(keras.layers.Layer):
             else:
                 features = self._fixed_features()
             # One head (no head axis) and scale 1: the softmax path's logits.
-            attended = favor_attention(theta, phi, g, features, scale=1.0)
+            if self._pointwise():
+                # `g` is linear and the attention weights sum to one, so
+                # FAVOR+ applies it to the (C + 1, m) key-value summary
+                # instead of to all H*W positions: no (B, H*W, C) product
+                # and none of its gradients.
+                theta, phi = self._project(inputs, (self.theta, self.phi))
+                values = ops.reshape(ops.cast(inputs, "float32"), (ops.shape(inputs)[0], -1, inputs.shape[-1]))
+                kernel = ops.reshape(self.g.kernel, (inputs.shape[-1], self.g.filters))
+                bias = self.g.bias if self.use_bias else None
+                attended = favor_attention(
+                    theta, phi, values, features, scale=1.0, value_kernel=kernel, value_bias=bias
+                )
+            else:
+                theta, phi, g = self._project(inputs, (self.theta, self.phi, self.g))
+                attended = favor_attention(theta, phi, g, features, scale=1.0)
         attended = ops.cast(ops.reshape(attended, ops.shape(inputs)), self.compute_dtype)
         return inputs + self.gamma * attended
 
@@ -245,7 +261,7 @@ class NonLocalBlock(keras.layers.Layer):
             rows.append(row * width + col)
         if not rows:
             raise ValueError(f"`query_positions` must name at least one position. Received: {query_positions!r}")
-        theta, phi, _ = self._project(inputs)
+        theta, phi = self._project(inputs, (self.theta, self.phi))
         theta = ops.take(theta, rows, axis=1)
         if self.attention == "softmax":
             weights = ops.softmax(ops.einsum("bpk,bqk->bpq", theta, phi), axis=-1)

@@ -163,6 +163,8 @@ def favor_attention(
     key_mask=None,
     scale=None,
     eps=1e-6,
+    value_kernel=None,
+    value_bias=None,
 ):
     """FAVOR+ attention, approximating `softmax(scale * Q K^T) V` in linear time.
 
@@ -193,10 +195,18 @@ def favor_attention(
         scale: softmax logit scale; default `1 / sqrt(d)`.
         eps: non-negative constant added to every feature (see
             `favor_feature_map`).
+        value_kernel: optional `(d_v, d_out)` matrix: attend over the
+            projected values `value @ value_kernel + value_bias` instead of
+            `value`. Attention is linear in the values and its weights sum
+            to one, so for one head without `causal` the projection is
+            applied to the `(d_v + 1, m)` summary `phi(K)^T [V, 1]` rather
+            than to all S values (the same result up to float rounding).
+        value_bias: optional `(d_out,)` bias of that projection (only with
+            `value_kernel`).
 
     Returns:
-        `(B, T, N, d_v)` tensor in `query`'s dtype. A query with no valid key
-        gets zeros.
+        `(B, T, N, d_v)` tensor (`d_out` with `value_kernel`) in `query`'s
+        dtype. A query with no valid key gets zeros (`value_bias` included).
 
     Example:
 
@@ -213,16 +223,21 @@ def favor_attention(
             f"Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
         )
     single_head = len(query.shape) == 3
-    if single_head and causal:
-        expand = lambda x: None if x is None else ops.expand_dims(x, 2)  # noqa: E731
-        out = favor_attention(expand(query), expand(key), expand(value), random_features, kernel, True, key_mask, scale, eps)
-        return out[:, :, 0, :]
+    value_map = _value_map(value_kernel, value_bias, value.shape[-1])
     valid = None
     if key_mask is not None:
         valid = ops.cast(key_mask, "bool")[:, :, None] if single_head else ops.cast(key_mask, "bool")[:, :, None, None]
     v = ops.cast(value, "float32")
     if single_head and not causal:
-        return ops.cast(_single_head_attention(query, key, v, random_features, kernel, scale, eps, valid), query.dtype)
+        out = _single_head_attention(query, key, v, random_features, kernel, scale, eps, valid, value_map)
+        return ops.cast(out, query.dtype)
+    if value_map is not None:
+        # Causal sums and several heads: project the values themselves.
+        v = ops.matmul(v, ops.transpose(value_map[:-1, :-1])) + value_map[:-1, -1]
+    if single_head:  # causal
+        expand = lambda x: None if x is None else ops.expand_dims(x, 2)  # noqa: E731
+        out = favor_attention(expand(query), expand(key), expand(v), random_features, kernel, True, key_mask, scale, eps)
+        return ops.cast(out[:, :, 0, :], query.dtype)
     q_prime = _feature_map(query, random_features, kernel, True, scale, eps, normalise=False)
     k_prime = _feature_map(key, random_features, kernel, False, scale, eps, valid=valid, normalise=False)
     if causal:
@@ -237,7 +252,7 @@ def favor_attention(
     return ops.cast(numerator / ops.expand_dims(denominator, -1), query.dtype)
 
 
-def _single_head_attention(query, key, value, random_features, kernel, scale, eps, valid):
+def _single_head_attention(query, key, value, random_features, kernel, scale, eps, valid, value_map=None):
     """Non-causal `favor_attention` of `(B, T, d)` queries: `(B, T, d_v)` float32.
 
     Two matrix products in all: the normaliser rides along the numerator
@@ -246,6 +261,9 @@ def _single_head_attention(query, key, value, random_features, kernel, scale, ep
     `(B, L, m)` features: `(phi + eps) M = phi M + eps 1 (1^T M)`. Keys
     outside `valid` must contribute nothing, not `eps`, so with a mask the
     keys' `eps` is added to their features as in `_feature_map`.
+    `value_map` (see `_value_map`) projects the values' `(d_v + 1, m)`
+    summary, ones row included, so the normaliser stays that of the
+    projected values.
     """
     key_eps = eps if valid is not None else 0.0
     k_prime = _feature_map(key, random_features, kernel, False, scale, key_eps, valid, False, sequence_axis=-2)
@@ -261,6 +279,9 @@ def _single_head_attention(query, key, value, random_features, kernel, scale, ep
     kv_t = _batch_matmul(values_and_ones, k_prime, transpose_a=True)  # (B, d_v + 1, m)
     if valid is None:
         kv_t = kv_t + eps * ops.expand_dims(ops.sum(values_and_ones, axis=1), -1)
+    if value_map is not None:
+        kv_t = ops.matmul(value_map, kv_t)  # (B, d_out + 1, m)
+        value_dim = value_map.shape[0] - 1
     if keras.backend.backend() == "torch":
         # The query features laid out `(B, m, T)` from the start: the
         # gradient torch computes for a transposed view is itself a view,
@@ -278,6 +299,33 @@ def _single_head_attention(query, key, value, random_features, kernel, scale, ep
     # term of the numerator is zero too (no valid key): return 0, not NaN.
     denominator = ops.where(denominator > 0, denominator, ops.ones_like(denominator))
     return numerator / denominator
+
+
+def _value_map(value_kernel, value_bias, value_dim):
+    """`[[K^T, b], [0, 1]]`, `(d_out + 1, d_v + 1)` float32, from `favor_attention`'s value projection.
+
+    Applied to `[V, 1]^T` it gives `[V K + 1 b^T, 1]^T`: the projected values
+    and the ones row of the normaliser. `None` without a `value_kernel`.
+    """
+    if value_kernel is None:
+        if value_bias is not None:
+            raise ValueError(f"`value_bias` needs a `value_kernel`. Received: value_bias with shape {tuple(value_bias.shape)}")
+        return None
+    if len(value_kernel.shape) != 2 or value_kernel.shape[0] != value_dim:
+        raise ValueError(
+            f"`value_kernel` must have shape (d_v, d_out) = ({value_dim}, d_out) for values with {value_dim} channels. "
+            f"Received: value_kernel with shape {tuple(value_kernel.shape)}"
+        )
+    out_dim = value_kernel.shape[1]
+    if value_bias is None:
+        value_bias = ops.zeros((out_dim,), dtype="float32")
+    elif tuple(value_bias.shape) != (out_dim,):
+        raise ValueError(f"`value_bias` must have shape ({out_dim},). Received: value_bias with shape {tuple(value_bias.shape)}")
+    top = ops.concatenate(
+        [ops.transpose(ops.cast(value_kernel, "float32")), ops.expand_dims(ops.cast(value_bias, "float32"), -1)], axis=1
+    )
+    ones_row = ops.convert_to_tensor(np.eye(1, value_dim + 1, value_dim, dtype=np.float32))
+    return ops.concatenate([top, ones_row], axis=0)
 
 
 def _query_features_transposed(query, random_features, kernel, scale):

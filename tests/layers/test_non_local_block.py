@@ -117,6 +117,34 @@ class TestNonLocalBlock(TestCase):
         # to every feature, which the reference leaves out.
         self.assertAllClose(block(x), _np_favor_non_local(x, params, features), atol=1e-4, rtol=1e-3)
 
+    @pytest.mark.parametrize("use_bias", [True, False])
+    def test_performer_values_and_gradients_equal_projecting_every_position(self, use_bias):
+        # The performer path applies `g` to FAVOR+'s key-value summary; a
+        # subclass whose projections are not plain 1x1 convolutions takes the
+        # path that computes g(x) at every position. Same function.
+        class EveryPosition(NonLocalBlock):
+            def _pointwise(self):
+                return False
+
+        x = _input()
+        fast = NonLocalBlock(key_dim=K, attention="performer", num_random_features=16, use_bias=use_bias, seed=3)
+        slow = EveryPosition(key_dim=K, attention="performer", num_random_features=16, use_bias=use_bias, seed=3)
+        fast(x)
+        slow(x)
+        _set_random_weights(fast, qk_std=0.5)
+        slow.set_weights(fast.get_weights())
+        self.assertAllClose(fast(x), slow(x), atol=1e-5, rtol=1e-5)
+        weights = _input(x.shape, seed=4)
+
+        def loss(y):
+            return ops.sum(ops.multiply(y, weights))
+
+        (fast_x, fast_w), (slow_x, slow_w) = (gradients(b, loss, {"inputs": x}) for b in (fast, slow))
+        self.assertAllClose(fast_x["inputs"], slow_x["inputs"], atol=1e-5, rtol=1e-4)
+        for actual, expected in zip(fast_w, slow_w):
+            assert np.any(expected != 0)
+            self.assertAllClose(actual, expected, atol=1e-5, rtol=1e-4)
+
     def test_attention_map_softmax_is_the_numpy_softmax_row(self):
         x = _input()
         block = NonLocalBlock(key_dim=K)

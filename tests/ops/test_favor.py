@@ -379,6 +379,64 @@ class TestFavorAttention(TestCase):
             assert np.any(expected != 0)
             self.assertAllClose(actual, expected, atol=1e-5, rtol=1e-4)
 
+    @pytest.mark.parametrize("heads,causal,masked", [(None, False, False), (None, False, True), (None, True, True), (2, False, True)])
+    def test_value_kernel_equals_projecting_the_values(self, heads, causal, masked):
+        # One head, not causal: the projection is applied to the key-value
+        # summary; otherwise to the values. Either way the explicit kernel
+        # matrix over `v @ K + b`, and the gradients of projecting first.
+        q, k, v = random_qkv(11, length=30, heads=heads or 1)
+        if heads is None:
+            q, k, v = q[:, :, 0], k[:, :, 0], v[:, :, 0]
+        rng = np.random.default_rng(12)
+        kernel = rng.normal(size=(5, 3)).astype("float32")
+        bias = rng.normal(size=(3,)).astype("float32")
+        key_mask = None
+        if masked:
+            key_mask = np.ones((2, 30), bool)
+            key_mask[1, 20:] = False
+        w = orthogonal_random_features(16, 8, seed=0)
+        actual = favor_attention(q, k, v, w, causal=causal, key_mask=key_mask, eps=1e-3, value_kernel=kernel, value_bias=bias)
+        with_heads = (lambda x: x) if heads else (lambda x: x[:, :, None])
+        q_features = np_features(with_heads(q), to_numpy(w), eps=1e-3)
+        k_features = np.zeros(q_features.shape)
+        mask = np.ones((2, 30), bool) if key_mask is None else key_mask
+        for b in range(2):
+            k_features[b, mask[b]] = np_features(with_heads(k)[b][mask[b]][None], to_numpy(w), is_query=False, eps=1e-3)[0]
+        projected = with_heads(v) @ kernel + bias
+        expected = np_kernel_attention(q_features, k_features, projected, causal=causal, key_mask=mask)
+        assert tuple(actual.shape) == tuple(projected.shape[:2]) + (() if heads is None else (heads,)) + (3,)
+        self.assertAllClose(actual, expected if heads else expected[:, :, 0], atol=1e-5, rtol=1e-4)
+
+        weights = rng.normal(size=tuple(actual.shape)).astype("float32")
+
+        def on_summary(q, k, v, kernel, bias):
+            out = favor_attention(q, k, v, w, causal=causal, key_mask=key_mask, eps=1e-3, value_kernel=kernel, value_bias=bias)
+            return ops.sum(ops.multiply(out, weights))
+
+        def projected_first(q, k, v, kernel, bias):
+            out = favor_attention(q, k, ops.matmul(v, kernel) + bias, w, causal=causal, key_mask=key_mask, eps=1e-3)
+            return ops.sum(ops.multiply(out, weights))
+
+        args = (q, k, v, kernel, bias)
+        for actual_grad, expected_grad in zip(gradients(on_summary, *args), gradients(projected_first, *args)):
+            assert np.any(expected_grad != 0)
+            self.assertAllClose(actual_grad, expected_grad, atol=1e-5, rtol=1e-4)
+
+    def test_value_kernel_without_bias_and_bad_shapes(self):
+        q, k, v = random_qkv(13, heads=1)
+        q, k, v = q[:, :, 0], k[:, :, 0], v[:, :, 0]
+        w = orthogonal_random_features(16, 8, seed=0)
+        kernel = np.random.default_rng(14).normal(size=(5, 4)).astype("float32")
+        self.assertAllClose(
+            favor_attention(q, k, v, w, value_kernel=kernel), favor_attention(q, k, v @ kernel, w), atol=1e-5, rtol=1e-4
+        )
+        with pytest.raises(ValueError, match=r"value_kernel.*\(5, d_out\).*shape \(4, 4\)"):
+            favor_attention(q, k, v, w, value_kernel=kernel[:4])
+        with pytest.raises(ValueError, match=r"value_bias.*\(4,\).*shape \(5,\)"):
+            favor_attention(q, k, v, w, value_kernel=kernel, value_bias=np.zeros(5, "float32"))
+        with pytest.raises(ValueError, match="value_bias` needs a `value_kernel"):
+            favor_attention(q, k, v, w, value_bias=np.zeros(4, "float32"))
+
     @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
     def test_half_precision_inputs(self, dtype):
         # Internals run in float32; large logits that overflow float16's exp
