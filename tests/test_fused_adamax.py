@@ -1,4 +1,4 @@
-"""FusedAdamax: Keras' Adamax update, as TensorFlow's fused kernel on TensorFlow."""
+"""FusedAdamax: Keras' Adamax update, as TensorFlow's fused kernel on TensorFlow and flat buffers on PyTorch."""
 
 import keras
 import numpy as np
@@ -82,12 +82,55 @@ def test_one_fused_op_per_weight_in_the_traced_update():
     assert len(fused) < len(reference) / 2, (len(fused), len(reference))
 
 
-def test_make_optimizer_uses_it_on_tensorflow_only():
+def test_make_optimizer_uses_it_on_tensorflow_and_torch():
     inner = training.make_optimizer(training.resolve_recipe("mnist-attentive-small"), 10).inner_optimizer
     assert isinstance(inner, keras.optimizers.Adamax)
-    # On PyTorch Keras swaps `keras.optimizers.Adamax` for its multi-tensor
-    # version, which a subclass would not get.
-    assert isinstance(inner, training.FusedAdamax) == (BACKEND == "tensorflow")
+    # JAX compiles the whole step: Keras' own Adamax there.
+    assert isinstance(inner, training.FusedAdamax) == (BACKEND in ("tensorflow", "torch"))
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the flat moment buffers are PyTorch's path")
+def test_torch_slots_are_views_of_two_buffers_and_checkpoints_restore_into_them():
+    import torch
+
+    def built(cls):
+        variables = small_model().trainable_variables
+        optimizer = cls(1e-2, beta_1=0.8, beta_2=0.99, name="adamax")
+        optimizer.build(variables)
+        return optimizer, variables
+
+    fused, variables = built(training.FusedAdamax)
+    state = fused._flat_state
+    assert state.ok and state.m.numel() == sum(int(np.prod(v.shape)) for v in variables)
+    for slots, flat in ((fused._m, state.m), (fused._u, state.u)):
+        start = flat.data_ptr()
+        assert [s.value.data_ptr() for s in slots] == [start + 4 * o for o in np.cumsum([0] + state.sizes[:-1])]
+
+    # A checkpoint's slots (here: random ones) land in the buffers, and the
+    # next steps are Keras' Adamax from the same checkpoint.
+    reference, reference_variables = built(keras.optimizers.Adamax)
+    rng = np.random.default_rng(3)
+    store = {}
+    reference.save_own_variables(store)
+    # Slots 0 and 1 are the iteration count and the learning rate.
+    store = {key: np.abs(rng.normal(size=np.shape(value))).astype("float32") if int(key) > 1 else value for key, value in store.items()}
+    store["0"] = np.array(4, "int32")
+    for optimizer in (fused, reference):
+        optimizer.load_own_variables(store)
+    np.testing.assert_array_equal(state.m.numpy(), np.concatenate([np.ravel(s.value.numpy()) for s in fused._m]))
+    for _ in range(3):
+        grads = [torch.tensor(rng.normal(size=v.shape).astype("float32")) for v in variables]
+        fused.apply(grads, variables)
+        reference.apply([g.clone() for g in grads], reference_variables)
+    for a, b in zip(variables + fused.variables, reference_variables + reference.variables):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), rtol=1e-6, atol=1e-8)
+
+    # Updating a subset of the weights takes Keras' multi-tensor path.
+    grads = [torch.ones(v.shape) for v in variables[:2]]
+    fused.apply(grads, variables[:2])
+    reference.apply(grads, reference_variables[:2])
+    for a, b in zip(variables + fused.variables, reference_variables + reference.variables):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), rtol=1e-6, atol=1e-8)
 
 
 def _weights_after_steps(optimizer, layers, batches):

@@ -53,10 +53,10 @@ def make_optimizer(recipe, steps_per_epoch, epochs=None, guard=True):
     if kind == "adam":
         cls = keras.optimizers.Adam
     else:
-        # TensorFlow's fused Adamax kernel on TensorFlow (the same update in
-        # one op per weight); elsewhere Keras' own, which on PyTorch Keras
-        # replaces with its multi-tensor version.
-        cls = FusedAdamax if BACKEND == "tensorflow" else keras.optimizers.Adamax
+        # The same update as Keras' Adamax: TensorFlow's fused kernel, one op
+        # per weight, and flat moment buffers on PyTorch; on JAX, which
+        # compiles the whole step, Keras' own.
+        cls = FusedAdamax if BACKEND in ("tensorflow", "torch") else keras.optimizers.Adamax
     optimizer = cls(
         learning_rate=make_schedule(recipe, steps_per_epoch, epochs),
         global_clipnorm=clipnorm,
