@@ -167,7 +167,8 @@ class _FlatTorchState:
             self.ok
             and len(variables) == len(self.variables)
             and all(a is b for a, b in zip(variables, self.variables))
-            and all(a is b.value for a, b in zip(self.parameters, self.variables))
+            # `_value`: the tensor itself (`.value` adds Keras' autocast checks).
+            and all(a is b._value for a, b in zip(self.parameters, self.variables))
             and all(a is b._value for a, b in zip(self.slot_storages, self.slots))
             and all(g.dtype == self.m.dtype and g.device == self.m.device for g in grads)
         )
