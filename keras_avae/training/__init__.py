@@ -8,7 +8,9 @@ one concept per module:
   1e-4, then cosine decay to a floor, optionally with one warm restart; per
   step. `make_schedule` builds it from a recipe.
 - `fused_adamax`: `FusedAdamax`, Keras' Adamax with TensorFlow's fused
-  `ApplyAdaMax` kernel as its update (one op per weight, not about 20).
+  `ApplyAdaMax` kernel as its update (one op per weight, not about 20),
+  and on PyTorch flat moment buffers (a few ops per step, not several per
+  weight).
 - `optimizers`: `make_optimizer(recipe, steps_per_epoch)`: Adamax (lr 1e-2,
   beta_1 0.9, beta_2 0.999, epsilon 1e-3) on that schedule, optional global
   gradient clipping, wrapped in `NonFiniteGuard`: an optimizer wrapper (the

@@ -1,6 +1,6 @@
 """The recipe's optimizer and `NonFiniteGuard`, which skips non-finite steps.
 
-`make_optimizer` builds Adamax (`FusedAdamax` on TensorFlow) or Adam on
+`make_optimizer` builds Adamax (`FusedAdamax` on TensorFlow and PyTorch) or Adam on
 `make_schedule`'s schedule, with optional global gradient clipping,
 wrapped in `NonFiniteGuard`: an optimizer wrapper (the pattern of Keras'
 `LossScaleOptimizer`) that skips every step whose gradients are not all
