@@ -170,7 +170,7 @@ class NonLocalBlock(keras.layers.Layer):
     def _project(self, inputs, convs):
         """The 1x1 convolutions `convs` of `inputs`, each as float32 `(B, H*W, channels)`."""
         batch = ops.shape(inputs)[0]
-        if self._pointwise():
+        if all(_is_pointwise(conv) for conv in convs):
             # A 1x1 convolution is a matrix product over the channels: one
             # 2-D product per projection (no layout changes on any backend,
             # and no slicing of a joint product, whose gradient costs more
@@ -189,9 +189,6 @@ class NonLocalBlock(keras.layers.Layer):
         # weighted sum over all positions.
         return tuple(ops.cast(y, "float32") for y in projected)
 
-    def _pointwise(self):
-        return all(_is_pointwise(conv) for conv in (self.theta, self.phi, self.g))
-
     def call(self, inputs, training=None):
         if self.attention == "softmax":
             theta, phi, g = self._project(inputs, (self.theta, self.phi, self.g))
@@ -206,7 +203,7 @@ class NonLocalBlock(keras.layers.Layer):
             else:
                 features = self._fixed_features()
             # One head (no head axis) and scale 1: the softmax path's logits.
-            if self._pointwise():
+            if _is_pointwise(self.g):
                 # `g` is linear and the attention weights sum to one, so
                 # FAVOR+ applies it to the (C + 1, m) key-value summary
                 # instead of to all H*W positions: no (B, H*W, C) product

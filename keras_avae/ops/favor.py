@@ -231,9 +231,11 @@ def favor_attention(
     if single_head and not causal:
         out = _single_head_attention(query, key, v, random_features, kernel, scale, eps, valid, value_map)
         return ops.cast(out, query.dtype)
-    if value_map is not None:
+    if value_kernel is not None:
         # Causal sums and several heads: project the values themselves.
-        v = ops.matmul(v, ops.transpose(value_map[:-1, :-1])) + value_map[:-1, -1]
+        v = ops.matmul(v, ops.cast(value_kernel, "float32"))
+        if value_bias is not None:
+            v = v + ops.cast(value_bias, "float32")
     if single_head:  # causal
         expand = lambda x: None if x is None else ops.expand_dims(x, 2)  # noqa: E731
         out = favor_attention(expand(query), expand(key), expand(v), random_features, kernel, True, key_mask, scale, eps)

@@ -120,11 +120,15 @@ class TestNonLocalBlock(TestCase):
     @pytest.mark.parametrize("use_bias", [True, False])
     def test_performer_values_and_gradients_equal_projecting_every_position(self, use_bias):
         # The performer path applies `g` to FAVOR+'s key-value summary; a
-        # subclass whose projections are not plain 1x1 convolutions takes the
-        # path that computes g(x) at every position. Same function.
+        # subclass whose `g` is not a plain `Conv2D` takes the path that
+        # computes g(x) at every position. Same function.
+        class PlainConv(keras.layers.Conv2D):
+            pass
+
         class EveryPosition(NonLocalBlock):
-            def _pointwise(self):
-                return False
+            def _conv(self, filters, name):
+                conv = super()._conv(filters, name)
+                return PlainConv.from_config(conv.get_config()) if name == "g" else conv
 
         x = _input()
         fast = NonLocalBlock(key_dim=K, attention="performer", num_random_features=16, use_bias=use_bias, seed=3)
@@ -133,6 +137,7 @@ class TestNonLocalBlock(TestCase):
         slow(x)
         _set_random_weights(fast, qk_std=0.5)
         slow.set_weights(fast.get_weights())
+        assert non_local_block._is_pointwise(fast.g) and not non_local_block._is_pointwise(slow.g)
         self.assertAllClose(fast(x), slow(x), atol=1e-5, rtol=1e-5)
         weights = _input(x.shape, seed=4)
 
