@@ -88,3 +88,50 @@ def test_train_throughput_benchmark_against_a_revision(tmp_path):
     figures = json.loads(path.read_text())
     baseline = next(r for r in figures["results"] if r["version"] == "old")
     assert baseline["flops"] > 0 and baseline["rounds"]["step"][0]["keras_avae"] != os.path.join(ROOT, "keras_avae")
+
+
+def _gpu_train(tmp_path, *extra):
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "gpu_train.py"), "run", "--data", str(tmp_path / "data.npz")]
+    command += ["--entry", "omniglot-attentive-small", "--num-samples", "2", "--eval-seconds", "0.1", *extra]
+    env = {**os.environ, "KERAS_BACKEND": "torch"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads((tmp_path / "out" / "results.json").read_text())
+
+
+@pytest.mark.skipif(
+    os.environ.get("KERAS_BACKEND", "tensorflow") != "torch",
+    reason="the script runs on PyTorch (the GPU machine has no TensorFlow); run once, in the torch session",
+)
+def test_gpu_train_script_trains_saves_and_scores_resumably(tmp_path):
+    import numpy as np
+
+    import keras_avae
+
+    rng = np.random.default_rng(0)
+    test = (rng.random((60, 32, 32, 1)) < 0.2).astype(np.uint8)
+    np.savez(tmp_path / "data.npz", train_grey=rng.random((40, 28, 28, 1)).astype(np.float16), test=test, every=6)
+    out = tmp_path / "out"
+    results = _gpu_train(
+        tmp_path, "--output", str(out), "--batch-size", "4", "--train-seconds", "0.1", "--timing-steps", "1",
+        "--steps-per-epoch", "2", "--log-every", "1", "--progress", str(out / "progress.npz"),
+        "--throughput-entry", "mnist-baseline-small", "--deadline-seconds", "900", "--throughput-seconds", "1",
+    )
+    training = results["training"]
+    # At least one schedule "epoch"; each step's loss logged and finite.
+    assert training["steps"] == training["optimizer_iterations"] == 2 and training["images_seen"] == 8
+    assert len(training["history"]) == 2 and all(np.isfinite(row["nelbo"]) for row in training["history"])
+    assert results["cifar10_throughput"]["images_per_second"] > 0
+    # The float16 file of the trained weights loads into the entry's default model.
+    weights = out / "omniglot-attentive-small.float16.weights.h5"
+    model = keras_avae.zoo.load("omniglot-attentive-small", weights=str(weights))
+    assert model.count_params() == training["parameters"]
+    # The scoring budget ran out after the first batch of 25; a second call continues.
+    first = results["evaluation"]
+    assert first["images"] == 25 and first["resumed_images"] == 0 and np.isfinite(first["nll_nats"])
+    again = _gpu_train(
+        tmp_path, "--output", str(out), "--weights", str(weights), "--progress", str(out / "progress.npz"),
+        "--no-cifar10",
+    )["evaluation"]
+    assert again["images"] == 50 and again["resumed_images"] == 25
+    assert again["weights_sha256"] == first["weights_sha256"]

@@ -241,3 +241,38 @@ def test_non_finite_batch_names_its_index(model):
     bad[2, 3, 3, 0] = np.nan
     with pytest.raises(ValueError, match=r"`batches\[1\]` contains 1 non-finite values .* in images \[2\]"):
         evaluation.score_batches(model, [BATCHES[0], bad], num_samples=2)
+
+
+def test_score_batches_passes_chunk_size_on(model, monkeypatch):
+    # `chunk_size` bounds the samples of every top-down pass, as in
+    # `importance_sampled_log_likelihood` (the GPU scoring sets it).
+    passes = budget(model, 10**6, monkeypatch)
+    scores = evaluation.score_batches(model, BATCHES[:1], num_samples=4, seed=2, chunk_size=3)
+    assert passes == [(3, 3), (3, 1)], passes
+    assert scores["log_px"].shape == (3,) and np.all(np.isfinite(scores["log_px"]))
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch", reason="only PyTorch records gradients outside a training step"
+)
+def test_scoring_records_no_autograd_graph_on_torch(monkeypatch):
+    # A recorded graph keeps every activation of a pass alive: the
+    # paper-size OMNIGLOT model ran out of an 80 GB GPU at 1,000
+    # image-samples per pass before scoring ran under `torch.no_grad`.
+    import torch
+
+    model = HierarchicalVAE(**TINY)
+    model.build()
+    grad_enabled = []
+    bottom_up = model.bottom_up
+
+    def recording(x, training=None):
+        grad_enabled.append(torch.is_grad_enabled())
+        return bottom_up(x, training=training)
+
+    monkeypatch.setattr(model, "bottom_up", recording)
+    scores = evaluation.score_batches(model, BATCHES[:1], num_samples=2, seed=0)
+    # Both the importance-sampled pass and the ELBO pass went through it.
+    assert len(grad_enabled) >= 2 and not any(grad_enabled), grad_enabled
+    assert torch.is_grad_enabled()  # restored afterwards
+    assert np.all(np.isfinite(scores["log_px"]))
