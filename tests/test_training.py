@@ -317,6 +317,27 @@ def test_history_rows_and_resumed_progress_bar_count_epochs_from_one(tmp_path, c
     assert "Epoch 3/8" in capsys.readouterr().out
 
 
+def test_progress_bar_of_a_stopped_epoch_shows_the_steps_it_ran(capsys):
+    # Keras' bar ends a stopped epoch at its full step count ("5/5"), so a
+    # log read an interrupted epoch as finished.
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((10, 2), "float32"), np.ones((10, 1), "float32")
+
+    class StopAfterTwo(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 1:
+                self.model.stop_training = True
+
+    bar = training.callbacks._RunProgressBar(4)
+    capsys.readouterr()
+    model.fit(x, y, batch_size=2, epochs=2, verbose=2, callbacks=[StopAfterTwo(), bar])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "Epoch 1/4" and lines[1].startswith("2/5 - ") and len(lines) == 2, lines
+    model.fit(x, y, batch_size=2, epochs=1, verbose=2, callbacks=[bar])  # not stopped: the full count
+    assert capsys.readouterr().out.splitlines()[1].startswith("5/5 - ")
+
+
 def test_checkpoint_commit_is_atomic(tmp_path):
     model = bn_regression_model()
     x, y = regression_data()

@@ -35,14 +35,30 @@ sys.path.insert(0, str(ROOT))  # this checkout's keras_avae
 sys.path.insert(0, str(ROOT / "tools"))
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-# "602/602 - 245s - 408ms/step - ...": one finished epoch of `--verbose 2`.
+# "602/602 - 245s - 408ms/step - ...": an epoch (or the part of it run) under `--verbose 2`.
 _EPOCH_LINE = re.compile(r"^\s*(\d+)/(\d+) - (\d+)s - ")
+_EPOCH_HEADER = re.compile(r"^Epoch (\d+)/(\d+)$")
 
 
 def epoch_seconds(log_path):
-    """The wall time of each finished epoch in a `keras-avae train --verbose 2` log."""
+    """The wall time of each epoch in a `keras-avae train --verbose 2` log.
+
+    An epoch stopped and resumed logs one line per part, each under its own
+    "Epoch N/E" header (the part's steps: "34/145", then "111/111"), and its
+    time is their sum; a part killed before it logged is not counted.
+    """
+    seconds, epoch = {}, None
     with open(log_path) as f:
-        return [int(m.group(3)) for m in map(_EPOCH_LINE.match, f) if m and m.group(1) == m.group(2)]
+        for line in f:
+            header = _EPOCH_HEADER.match(line)
+            if header:
+                epoch = int(header.group(1))
+                continue
+            part = _EPOCH_LINE.match(line)
+            if part and epoch is not None:
+                seconds[epoch] = seconds.get(epoch, 0) + int(part.group(3))
+                epoch = None
+    return [seconds[e] for e in sorted(seconds)]
 
 
 def float16_copy(source, target):

@@ -252,10 +252,13 @@ class _ResumableGumbelSchedule(keras.callbacks.Callback):
 
 
 class _RunProgressBar(keras.callbacks.ProgbarLogger):
-    """The progress bar of a resumed epoch, showing the run's epoch count.
+    """The run's progress bar: the run's epoch count, and the steps a stopped epoch ran.
 
     Finishing an interrupted epoch is a `fit` of one epoch, which Keras'
-    bar would show as "Epoch 2/2" in a run of 8 epochs.
+    bar would show as "Epoch 2/2" in a run of 8 epochs. And Keras' bar ends
+    every epoch at its full step count, so an epoch stopped by a signal (or
+    by `NonFiniteMonitor`) after 34 of 145 steps would read "145/145" in the
+    log, as if it had finished; here it reads "34/145".
     """
 
     def __init__(self, epochs):
@@ -264,3 +267,10 @@ class _RunProgressBar(keras.callbacks.ProgbarLogger):
 
     def set_params(self, params):
         super().set_params({**params, "epochs": self.run_epochs})
+
+    def _finalize_progbar(self, logs):
+        stopped = self.model is not None and self.model.stop_training
+        if stopped and self.progbar is not None and self.target and self.seen < self.target:
+            self.progbar.update(self.seen, list((logs or {}).items()), finalize=True)
+            return
+        super()._finalize_progbar(logs)

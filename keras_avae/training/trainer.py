@@ -250,20 +250,19 @@ def _logging_callbacks(output_dir, images_from, tensorboard, num_images):
 
 def _fit(model, dataset, run, strategy, backup, monitor, epoch, step, fit_kwargs):
     """Trains from `(epoch, step)` to `run.epochs`: the rest of an interrupted epoch, then whole epochs."""
+    if fit_kwargs.get("verbose"):
+        fit_kwargs = dict(fit_kwargs, callbacks=fit_kwargs["callbacks"] + [_RunProgressBar(run.epochs)])
     try:
         with _multi_worker_log_reduction(strategy):
             if epoch < run.epochs and step > 0:
                 # Finish the interrupted epoch with its remaining steps.
                 backup.step_offset = step
-                resumed_kwargs = dict(fit_kwargs)
-                if fit_kwargs.get("verbose"):
-                    resumed_kwargs["callbacks"] = fit_kwargs["callbacks"] + [_RunProgressBar(run.epochs)]
                 model.fit(
                     dataset,
                     epochs=epoch + 1,
                     initial_epoch=epoch,
                     steps_per_epoch=run.steps_per_epoch - step,
-                    **resumed_kwargs,
+                    **fit_kwargs,
                 )
                 if monitor.stopped_message is None and not model.stop_training:
                     epoch, step = epoch + 1, 0
