@@ -33,6 +33,9 @@ import time
 
 import numpy as np
 
+# tools/fill_card.py: the float16 copy and sha256 the zoo's cards use.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tools"))
+
 # The binary test images: `keras-avae evaluate`'s (static binarisation, seed 0).
 _EVALUATE_SEED = 0
 _EVALUATE_BATCH = 25
@@ -90,6 +93,9 @@ class _Batches:
     """Dynamically binarised, padded training batches: a fresh permutation every pass."""
 
     def __init__(self, grey, batch_size, seed):
+        from keras_avae.datasets.pipeline import _PAD  # the 28x28 -> 32x32 padding of the tf.data pipeline
+
+        self.padding = [(0, 0), (_PAD, _PAD), (_PAD, _PAD), (0, 0)]
         self.grey = grey.astype(np.float32)
         self.batch_size = batch_size
         self.rng = np.random.default_rng(seed)
@@ -102,7 +108,7 @@ class _Batches:
         self.position += self.batch_size
         p = self.grey[index]
         x = (self.rng.random(p.shape, dtype=np.float32) < p).astype(np.float32)
-        return np.pad(x, [(0, 0), (2, 2), (2, 2), (0, 0)])
+        return np.pad(x, self.padding)
 
 
 def train(args, data, results, output):
@@ -172,7 +178,6 @@ def train(args, data, results, output):
 
 def save_float16(model, args, output):
     """The trained weights as the zoo ships them: a float16 `.weights.h5`."""
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tools"))
     from fill_card import float16_copy
 
     from keras_avae import zoo
@@ -209,6 +214,8 @@ def evaluate(args, data, weights, results, output):
     def report(images, log_px, seconds):
         print(f"evaluate: {images} images, NLL so far {-log_px.mean():.2f} nats, {seconds:.0f} s", flush=True)
 
+    from fill_card import _sha256
+
     # What a progress file must match to be continued (as `keras-avae evaluate --progress`).
     run_info = {"name": args.entry, "weights_sha256": _sha256(weights), "every": int(data["every"]),
                 "batch_size": _EVALUATE_BATCH}
@@ -220,17 +227,11 @@ def evaluate(args, data, weights, results, output):
     results["evaluation"] = {
         "num_samples": args.num_samples, "images": int(len(scores["log_px"])),
         "resumed_images": scores["resumed_images"],
-        "chunk_size": args.chunk_size, "weights_sha256": _sha256(weights), "of_prepared": int(len(test)), "every": int(data["every"]), "seconds": scores["seconds"],
+        "chunk_size": args.chunk_size, "weights_sha256": run_info["weights_sha256"], "of_prepared": int(len(test)), "every": int(data["every"]), "seconds": scores["seconds"],
         **evaluation.summarize(scores["log_px"], scores["elbo"], model.num_data_dims),
     }
     _write(output, results)
     print(json.dumps(results["evaluation"]), flush=True)
-
-
-def _sha256(path):
-    import hashlib
-
-    return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
 
 
 def run(args):

@@ -71,25 +71,19 @@ def importance_sampled_log_likelihood(model, x, num_samples=100, chunk_size=None
     chunk_size = min(chunk_size, num_samples, max_rows)
     images_per_pass = max(1, min(batch, max_rows // chunk_size))
     log_weights = _compiled_log_weights(model)
-    with _no_gradients():
-        estimates = _importance_estimates(log_weights, x, num_samples, chunk_size, images_per_pass)
-    return np.concatenate(estimates)
-
-
-def _importance_estimates(log_weights, x, num_samples, chunk_size, images_per_pass):
-    """The per-image estimates of `importance_sampled_log_likelihood`, pass by pass."""
     estimates = []
-    for start in range(0, int(x.shape[0]), images_per_pass):
-        images = ops.convert_to_tensor(x[start : start + images_per_pass])
-        chunks, done = [], 0
-        while done < num_samples:
-            k = min(chunk_size, num_samples - done)
-            chunks.append(np.asarray(ops.convert_to_numpy(log_weights(images, k)), np.float64))
-            done += k
-        log_w = np.concatenate(chunks, axis=1)
-        peak = log_w.max(axis=1, keepdims=True)
-        estimates.append(peak[:, 0] + np.log(np.exp(log_w - peak).sum(axis=1)) - math.log(num_samples))
-    return estimates
+    with _no_gradients():
+        for start in range(0, batch, images_per_pass):
+            images = ops.convert_to_tensor(x[start : start + images_per_pass])
+            chunks, done = [], 0
+            while done < num_samples:
+                k = min(chunk_size, num_samples - done)
+                chunks.append(np.asarray(ops.convert_to_numpy(log_weights(images, k)), np.float64))
+                done += k
+            log_w = np.concatenate(chunks, axis=1)
+            peak = log_w.max(axis=1, keepdims=True)
+            estimates.append(peak[:, 0] + np.log(np.exp(log_w - peak).sum(axis=1)) - math.log(num_samples))
+    return np.concatenate(estimates)
 
 
 def _no_gradients():
