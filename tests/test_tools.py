@@ -6,6 +6,12 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import fill_card  # noqa: E402
 from fill_card import epoch_seconds  # noqa: E402
 
 
@@ -25,3 +31,55 @@ def test_epoch_seconds_sums_the_parts_of_a_stopped_and_resumed_epoch(tmp_path):
         "145/145 - 140s - 966ms/step - loss: 2.2\n"
     )
     assert epoch_seconds(log) == [150, 337, 140]
+
+
+def _progress(path, name, sha, log_px, checksums=(10.0, 20.0), **identity):
+    identity = {"name": name, "weights_sha256": sha, "num_samples": 100, "seed": 0, "limit": None, **identity}
+    np.savez(
+        path,
+        identity=np.array(json.dumps(identity, sort_keys=True)),
+        log_px=np.asarray(log_px, np.float64),
+        elbo=np.asarray(log_px, np.float64) - 5.0,
+        checksums=np.asarray(checksums, np.float64),
+        seconds=np.array(1.0),
+    )
+    return path
+
+
+def test_paired_comparison_against_numpy_and_refuses_other_images(tmp_path):
+    a = _progress(tmp_path / "a.npz", "a-attentive", "aa", [-100.0, -90.0, -80.0])
+    b = _progress(tmp_path / "b.npz", "a-baseline", "bb", [-101.0, -93.0, -79.0])
+    paired = fill_card.paired_comparison(a, "a-baseline", b)
+    difference = np.array([-101.0, -93.0, -79.0]) - np.array([-100.0, -90.0, -80.0])
+    assert paired["nll_difference_nats"] == round(difference.mean(), 2)
+    assert paired["stderr"] == round(difference.std(ddof=1) / np.sqrt(3), 2)
+    assert paired["test_images"] == 3
+    assert paired["fraction_of_images_attentive_scores_higher"] == round(2 / 3, 3)
+    other_k = _progress(tmp_path / "k.npz", "a-baseline", "bb", [-1.0, -2.0, -3.0], num_samples=10)
+    with pytest.raises(ValueError, match="num_samples"):
+        fill_card.paired_comparison(a, "a-baseline", other_k)
+    other_images = _progress(tmp_path / "c.npz", "a-baseline", "bb", [-1.0, -2.0, -3.0], checksums=(10.0, 21.0))
+    with pytest.raises(ValueError, match="pixel sums equal: False"):
+        fill_card.paired_comparison(a, "a-baseline", other_images)
+    with pytest.raises(ValueError, match="not the baseline"):
+        fill_card.paired_comparison(a, "another-baseline", b)
+
+
+def test_paired_command_needs_evaluations_that_reproduce_both_shipped_cards(tmp_path, monkeypatch):
+    monkeypatch.setattr(fill_card, "ROOT", tmp_path)
+    (tmp_path / "zoo").mkdir()
+    for name, sha, nll in (("x-attentive", "aa", 90.0), ("x-baseline", "bb", 91.0)):
+        card = {"name": name, "weights": {"sha256": sha}, "results": {"test_nll_nats": nll, "test_images": 2}}
+        (tmp_path / "zoo" / f"{name}.json").write_text(json.dumps(card))
+    a = _progress(tmp_path / "a.npz", "x-attentive", "aa", [-85.0, -95.0])
+    b = _progress(tmp_path / "b.npz", "x-baseline", "bb", [-86.0, -96.0])
+    fill_card.main(["paired", "x-attentive", "--progress", str(a), "--baseline", "x-baseline", "--baseline-progress", str(b)])
+    card = json.loads((tmp_path / "zoo" / "x-attentive.json").read_text())
+    assert card["results"]["paired_vs_baseline"]["nll_difference_nats"] == -1.0
+    assert card["results"]["test_nll_nats"] == 90.0  # the rest of the card is kept
+    unfinished = _progress(tmp_path / "u.npz", "x-baseline", "bb", [-86.0], checksums=(10.0,))
+    with pytest.raises(ValueError, match="does not reproduce 'x-baseline'"):
+        fill_card.main(["paired", "x-attentive", "--progress", str(a), "--baseline", "x-baseline", "--baseline-progress", str(unfinished)])
+    other_weights = _progress(tmp_path / "w.npz", "x-baseline", "cc", [-86.0, -96.0])
+    with pytest.raises(ValueError, match="shipped weights"):
+        fill_card.main(["paired", "x-attentive", "--progress", str(a), "--baseline", "x-baseline", "--baseline-progress", str(other_weights)])

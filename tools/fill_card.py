@@ -18,6 +18,8 @@ Usage (TensorFlow backend, from the repository root):
         --log runs/omniglot-baseline-small.log --evaluation runs/eval/omniglot-baseline-small.json \\
         --progress runs/eval/omniglot-baseline-small.npz \\
         --train-command "keras-avae train ..." --evaluate-command "keras-avae evaluate ..."
+    python tools/fill_card.py paired cifar10-attentive-small --progress runs/eval/cifar10-attentive-small.npz \\
+        --baseline cifar10-baseline-small --baseline-progress runs/eval/cifar10-baseline-small.npz
 """
 
 import argparse
@@ -118,10 +120,6 @@ def _checked_evaluation(args, weights_sha256):
 
 
 def fill_card(args):
-    import numpy as np
-
-    from keras_avae import evaluation
-
     card_path = ROOT / "zoo" / f"{args.name}.json"
     card = json.loads(card_path.read_text())
     run = json.loads((pathlib.Path(args.run) / "run.json").read_text())
@@ -163,18 +161,7 @@ def fill_card(args):
         "evaluate_command": args.evaluate_command,
     }
     if args.baseline_progress:
-        paired = evaluation.paired_difference(args.progress, args.baseline_progress)
-        with np.load(args.baseline_progress) as baseline:
-            higher = float(np.mean(log_px > baseline["log_px"]))
-        results["paired_vs_baseline"] = {
-            "baseline": args.baseline,
-            "nll_difference_nats": round(paired["nll_difference_nats"], 2),
-            "stderr": round(paired["stderr"], 2),
-            "test_images": paired["num_examples"],
-            "fraction_of_images_attentive_scores_higher": round(higher, 3),
-            "note": "keras_avae.evaluation.paired_difference of the two --progress files (the same images, "
-            "prepared alike)",
-        }
+        results["paired_vs_baseline"] = paired_comparison(args.progress, args.baseline, args.baseline_progress)
     for note in args.note or []:
         key, _, text = note.partition("=")
         results[key] = text
@@ -191,6 +178,76 @@ def fill_card(args):
     )
     results["measured"] = args.measured or datetime.date.today().isoformat()
     card_path.write_text(json.dumps(card, indent=2) + "\n")
+    return card
+
+
+def paired_comparison(progress, baseline, baseline_progress):
+    """The card's `paired_vs_baseline`: two `--progress` files of one evaluation of the same images.
+
+    Refuses files that scored other images (a different data selection,
+    batch size, K or seed in the identity, or other per-batch pixel sums).
+    """
+    import numpy as np
+
+    from keras_avae import evaluation
+
+    files = []
+    for path in (progress, baseline_progress):
+        with np.load(path, allow_pickle=False) as data:
+            files.append((json.loads(str(data["identity"])), data["checksums"], data["log_px"]))
+    (identity, checksums, log_px), (base_identity, base_checksums, base_log_px) = files
+    differ = sorted(
+        key
+        for key in set(identity) | set(base_identity)
+        if key not in ("name", "weights_sha256") and identity.get(key) != base_identity.get(key)
+    )
+    if differ or not np.array_equal(checksums, base_checksums):
+        raise ValueError(
+            f"{progress} and {baseline_progress} did not score the same images the same way "
+            f"(identity keys that differ: {differ or 'none'}; per-batch pixel sums equal: "
+            f"{np.array_equal(checksums, base_checksums)})"
+        )
+    if base_identity["name"] != baseline:
+        raise ValueError(f"{baseline_progress} scored {base_identity['name']!r}, not the baseline {baseline!r}")
+    paired = evaluation.paired_difference(log_px, base_log_px)
+    return {
+        "baseline": baseline,
+        "nll_difference_nats": round(paired["nll_difference_nats"], 2),
+        "stderr": round(paired["stderr"], 2),
+        "test_images": paired["num_examples"],
+        "fraction_of_images_attentive_scores_higher": round(float(np.mean(log_px > base_log_px)), 3),
+        "note": "keras_avae.evaluation.paired_difference of the two --progress files (the same images, "
+        "prepared alike)",
+    }
+
+
+def add_paired_comparison(args):
+    """Adds `paired_vs_baseline` to a shipped card, from new evaluations of both shipped files.
+
+    Each progress file must have scored its entry's shipped weights (their
+    sha256), finished, and reproduced the card's test NLL to its rounding.
+    """
+    import numpy as np
+
+    cards = {}
+    for name, path in ((args.name, args.progress), (args.baseline, args.baseline_progress)):
+        card = json.loads((ROOT / "zoo" / f"{name}.json").read_text())
+        with np.load(path, allow_pickle=False) as data:
+            identity = json.loads(str(data["identity"]))
+            nll = -float(np.mean(data["log_px"]))
+            images = data["log_px"].size
+        results = card["results"]
+        if identity["name"] != name or identity["weights_sha256"] != card["weights"]["sha256"]:
+            raise ValueError(f"{path} did not score {name!r}'s shipped weights ({card['weights']['sha256']})")
+        if images != results["test_images"] or abs(nll - results["test_nll_nats"]) > 0.005 + 1e-9:
+            raise ValueError(
+                f"{path} does not reproduce {name!r}'s card: {images} images, {nll:.3f} nats "
+                f"(card: {results['test_images']} images, {results['test_nll_nats']} nats)"
+            )
+        cards[name] = card
+    card = cards[args.name]
+    card["results"]["paired_vs_baseline"] = paired_comparison(args.progress, args.baseline, args.baseline_progress)
+    (ROOT / "zoo" / f"{args.name}.json").write_text(json.dumps(card, indent=2) + "\n")
     return card
 
 
@@ -227,9 +284,19 @@ def main(argv=None):
     card.add_argument("--evaluation-mode", default="XLA")
     card.add_argument("--measured", help="the dates of the measurements (default: today)")
     card.add_argument("--note", action="append", metavar="KEY=TEXT", help="a note in words (repeatable)")
+    paired = commands.add_parser(
+        "paired", help="add the paired comparison to a shipped card from new evaluations of both shipped files"
+    )
+    paired.add_argument("name", help="the zoo entry whose card gets the comparison")
+    paired.add_argument("--progress", required=True, help="its --progress file (the shipped weights, finished)")
+    paired.add_argument("--baseline", required=True, help="the baseline entry")
+    paired.add_argument("--baseline-progress", required=True, help="the baseline's --progress file on the same images")
     args = parser.parse_args(argv)
     if args.command == "float16":
         float16_copy(args.source, args.target)
+        return
+    if args.command == "paired":
+        print(json.dumps(add_paired_comparison(args)["results"]["paired_vs_baseline"], indent=1))
         return
     if bool(args.baseline) != bool(args.baseline_progress):
         parser.error("--baseline and --baseline-progress go together")
