@@ -251,9 +251,8 @@ class ResidualCell(keras.layers.Layer):
         kernels = []
         for conv, (row, col) in zip(self.reduce_convs, ((0, 0), (1, 1), (0, 1), (1, 0))):
             kernels.append(ops.pad(conv.normalized_kernel(), [[row, 1 - row], [col, 1 - col], [0, 0], [0, 0]]))
-        outputs = _conv2d_channels_last(u, ops.concatenate(kernels, axis=-1), 2, "valid")
         biases = [ops.cast(conv.bias, self.compute_dtype) for conv in self.reduce_convs]
-        return outputs + ops.concatenate(biases, axis=0)
+        return _conv2d_channels_last(u, ops.concatenate(kernels, axis=-1), 2, "valid", ops.concatenate(biases, axis=0))
 
     def compute_output_shape(self, input_shape):
         batch, height, width, channels = input_shape

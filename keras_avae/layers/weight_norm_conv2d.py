@@ -130,10 +130,8 @@ class WeightNormConv2D(keras.layers.Layer):
         return ops.cast(kernel * scale, self.compute_dtype)
 
     def call(self, inputs):
-        outputs = _conv2d_channels_last(inputs, self.normalized_kernel(), self.strides, self.padding)
-        if self.use_bias:
-            outputs = outputs + ops.cast(self.bias, self.compute_dtype)
-        return outputs
+        bias = ops.cast(self.bias, self.compute_dtype) if self.use_bias else None
+        return _conv2d_channels_last(inputs, self.normalized_kernel(), self.strides, self.padding, bias)
 
     def compute_output_shape(self, input_shape):
         batch, height, width, _ = input_shape
@@ -165,16 +163,19 @@ class WeightNormConv2D(keras.layers.Layer):
         return config
 
 
-def _conv2d_channels_last(inputs, kernel, strides, padding):
-    """`ops.conv` for `(B, H, W, C)` inputs and `(k, k, C, F)` kernels.
+def _conv2d_channels_last(inputs, kernel, strides, padding, bias=None):
+    """`ops.conv` plus an optional `(F,)` bias, for `(B, H, W, C)` inputs and `(k, k, C, F)` kernels.
 
     On torch, `ops.conv` copies the inputs to channels-first and back, and
     the output again, on every call. Permuted views of the same memory are
     what torch calls the channels-last format, which its CPU and GPU
-    convolutions take as they are: no copies.
+    convolutions take as they are: no copies. The bias goes into the
+    convolution itself on torch: its gradient comes out of the convolution's
+    backward kernel instead of a separate reduction over the output.
     """
     if keras.backend.backend() != "torch":
-        return ops.conv(inputs, kernel, strides=strides, padding=padding)
+        outputs = ops.conv(inputs, kernel, strides=strides, padding=padding)
+        return outputs if bias is None else outputs + bias
     import torch.nn.functional as F
 
     inputs = ops.convert_to_tensor(inputs)
@@ -191,5 +192,6 @@ def _conv2d_channels_last(inputs, kernel, strides, padding):
             pad = (pads[0][0], pads[1][0])
         else:
             inputs = F.pad(inputs, (0, 0, pads[1][0], pads[1][1], pads[0][0], pads[0][1]))
-    outputs = F.conv2d(inputs.permute(0, 3, 1, 2), kernel.permute(3, 2, 0, 1), stride=strides, padding=pad)
+    bias = None if bias is None else ops.convert_to_tensor(bias)
+    outputs = F.conv2d(inputs.permute(0, 3, 1, 2), kernel.permute(3, 2, 0, 1), bias, stride=strides, padding=pad)
     return outputs.permute(0, 2, 3, 1)

@@ -425,7 +425,9 @@ def _feature_map(x, random_features, kernel, is_query, scale, eps, valid=None, n
             stabiliser = row_max - half_norm
         else:
             stabiliser = ops.max(row_max - half_norm, axis=sequence_axis, keepdims=True)
-        exponent = projection - (half_norm + ops.stop_gradient(stabiliser))
+        # Added negated: torch's gradient of a subtraction negates the whole
+        # (..., L, N, m) gradient before summing it; here only the (..., 1) column.
+        exponent = projection + ops.negative(half_norm + ops.stop_gradient(stabiliser))
         if valid is not None:
             exponent = ops.where(valid, exponent, -1e30)
         features = ops.exp(exponent)

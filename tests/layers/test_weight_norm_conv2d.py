@@ -6,6 +6,7 @@ import pytest
 
 from keras_avae.layers.weight_norm_conv2d import WeightNormConv2D
 from tests.test_case import TestCase
+from tests.test_case import gradients
 from tests.test_case import to_numpy
 
 
@@ -51,6 +52,37 @@ class TestWeightNormConv2D(TestCase):
                 patch = padded[:, r : r + kernel_size, c : c + kernel_size, :]
                 expected[:, i, j, :] = np.einsum("bhwc,hwco->bo", patch, w) + bias
         self.assertAllClose(to_numpy(layer(x)), expected, atol=1e-5, rtol=1e-5)
+
+    @pytest.mark.parametrize("use_bias", [True, False])
+    def test_gradients_match_a_plain_convolution_plus_bias(self, use_bias):
+        # On torch the bias goes into the convolution: its gradient is still
+        # the output gradient summed over batch and positions, and the other
+        # gradients are those of `ops.conv` followed by an addition.
+        rng = np.random.default_rng(1)
+        x = rng.normal(size=(2, 6, 6, 4)).astype("float32")
+        r = rng.normal(size=(2, 3, 3, 3)).astype("float32")
+        layer = WeightNormConv2D(3, 3, strides=2, use_bias=use_bias)
+        layer.build(x.shape)
+        if use_bias:
+            layer.bias.assign(rng.normal(size=(3,)).astype("float32"))
+
+        class PlainConv(WeightNormConv2D):
+            def call(self, inputs):
+                outputs = keras.ops.conv(inputs, self.normalized_kernel(), strides=2, padding="same")
+                return outputs + self.bias if use_bias else outputs
+
+        plain = PlainConv(3, 3, strides=2, use_bias=use_bias)
+        plain.build(x.shape)
+        plain.set_weights(layer.get_weights())
+        loss = lambda y: keras.ops.sum(keras.ops.multiply(y, r))  # noqa: E731
+        grad_x, grad_w = gradients(layer, loss, {"inputs": x})
+        plain_x, plain_w = gradients(plain, loss, {"inputs": x})
+        self.assertAllClose(keras.ops.convert_to_numpy(layer(x)), keras.ops.convert_to_numpy(plain(x)), atol=1e-5, rtol=1e-5)
+        self.assertAllClose(grad_x["inputs"], plain_x["inputs"], atol=1e-5, rtol=1e-5)
+        for got, want in zip(grad_w, plain_w):
+            self.assertAllClose(got, want, atol=1e-4, rtol=1e-5)
+        if use_bias:
+            self.assertAllClose(grad_w[2], r.sum(axis=(0, 1, 2)), atol=1e-5, rtol=1e-5)
 
     def test_log_g_starts_at_the_kernel_norm(self):
         layer = WeightNormConv2D(3, 1)
