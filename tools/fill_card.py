@@ -102,7 +102,7 @@ def _sha256(path):
 
 
 def _checked_evaluation(args, weights_sha256):
-    """The printed figures, the progress file's identity and per-image log p(x), checked against each other."""
+    """The printed figures and the progress file's identity, checked against each other and its per-image log p(x)."""
     import numpy as np
 
     printed = json.loads(pathlib.Path(args.evaluation).read_text())
@@ -126,7 +126,7 @@ def fill_card(args):
     if run["model"] != args.name:
         raise ValueError(f"--run trained {run['model']!r}, not {args.name!r}. Received: --run {args.run}")
     source = pathlib.Path(args.weights or pathlib.Path(args.run) / "model.weights.h5")
-    printed, identity, log_px = _checked_evaluation(args, _sha256(source))
+    printed, identity = _checked_evaluation(args, _sha256(source))
     seconds = epoch_seconds(args.log)
     if len(seconds) != run["epochs"]:
         raise ValueError(f"{args.log} logs {len(seconds)} finished epochs, the run has {run['epochs']}")
