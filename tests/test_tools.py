@@ -6,12 +6,14 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
+import argparse  # noqa: E402
 import json  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import fill_card  # noqa: E402
+from keras_avae import evaluation  # noqa: E402
 from fill_card import epoch_seconds  # noqa: E402
 
 
@@ -34,16 +36,25 @@ def test_epoch_seconds_sums_the_parts_of_a_stopped_and_resumed_epoch(tmp_path):
 
 
 def _progress(path, name, sha, log_px, checksums=(10.0, 20.0), **identity):
+    """A finished `evaluate --progress` file, written by the evaluation's own writer."""
     identity = {"name": name, "weights_sha256": sha, "num_samples": 100, "seed": 0, "limit": None, **identity}
-    np.savez(
-        path,
-        identity=np.array(json.dumps(identity, sort_keys=True)),
-        log_px=np.asarray(log_px, np.float64),
-        elbo=np.asarray(log_px, np.float64) - 5.0,
-        checksums=np.asarray(checksums, np.float64),
-        seconds=np.array(1.0),
-    )
+    state = {"log_px": log_px, "elbo": np.asarray(log_px) - 5.0, "checksums": checksums, "seconds": 1.0}
+    evaluation._write_progress(str(path), identity, state)
     return path
+
+
+def test_the_card_command_checks_the_evaluation_against_its_progress_file(tmp_path):
+    progress = _progress(tmp_path / "a.npz", "x-attentive", "aa", [-85.0, -95.0])
+    printed = tmp_path / "a.json"
+    printed.write_text(json.dumps({"num_examples": 2, "nll_nats": 90.0}))
+    args = argparse.Namespace(name="x-attentive", evaluation=str(printed), progress=str(progress))
+    figures, identity = fill_card._checked_evaluation(args, "aa")
+    assert figures["nll_nats"] == 90.0 and identity["weights_sha256"] == "aa"
+    with pytest.raises(ValueError, match="not the file to ship"):
+        fill_card._checked_evaluation(args, "bb")
+    printed.write_text(json.dumps({"num_examples": 2, "nll_nats": 91.0}))
+    with pytest.raises(ValueError, match="disagree"):
+        fill_card._checked_evaluation(args, "aa")
 
 
 def test_paired_comparison_against_numpy_and_refuses_other_images(tmp_path):

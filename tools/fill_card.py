@@ -101,14 +101,18 @@ def _sha256(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def _checked_evaluation(args, weights_sha256):
-    """The printed figures and the progress file's identity, checked against each other and its per-image log p(x)."""
+def _progress_file(path):
+    """An `evaluate --progress` file's identity, per-batch pixel sums and per-image log p(x)."""
     import numpy as np
 
+    with np.load(path, allow_pickle=False) as data:
+        return json.loads(str(data["identity"])), data["checksums"], data["log_px"]
+
+
+def _checked_evaluation(args, weights_sha256):
+    """The printed figures and the progress file's identity, checked against each other and its per-image log p(x)."""
     printed = json.loads(pathlib.Path(args.evaluation).read_text())
-    with np.load(args.progress, allow_pickle=False) as data:
-        identity = json.loads(str(data["identity"]))
-        log_px = data["log_px"]
+    identity, _, log_px = _progress_file(args.progress)
     if identity["name"] != args.name or identity["weights_sha256"] != weights_sha256:
         raise ValueError(
             f"{args.progress} scored {identity['name']!r} with weights of sha256 {identity['weights_sha256']}, "
@@ -116,7 +120,7 @@ def _checked_evaluation(args, weights_sha256):
         )
     if printed["num_examples"] != log_px.size or abs(printed["nll_nats"] + log_px.mean()) > 1e-6:
         raise ValueError(f"{args.evaluation} (the finished evaluation) and {args.progress} disagree")
-    return printed, identity, log_px
+    return printed, identity
 
 
 def fill_card(args):
@@ -182,7 +186,12 @@ def fill_card(args):
 
 
 def paired_comparison(progress, baseline, baseline_progress):
-    """The card's `paired_vs_baseline`: two `--progress` files of one evaluation of the same images.
+    """The card's `paired_vs_baseline` from two `--progress` files of one evaluation of the same images."""
+    return _paired_results(progress, _progress_file(progress), baseline, baseline_progress, _progress_file(baseline_progress))
+
+
+def _paired_results(progress, scored, baseline, baseline_progress, baseline_scored):
+    """`paired_comparison` of two read progress files (`_progress_file`).
 
     Refuses files that scored other images (a different data selection,
     batch size, K or seed in the identity, or other per-batch pixel sums).
@@ -191,21 +200,17 @@ def paired_comparison(progress, baseline, baseline_progress):
 
     from keras_avae import evaluation
 
-    files = []
-    for path in (progress, baseline_progress):
-        with np.load(path, allow_pickle=False) as data:
-            files.append((json.loads(str(data["identity"])), data["checksums"], data["log_px"]))
-    (identity, checksums, log_px), (base_identity, base_checksums, base_log_px) = files
+    (identity, checksums, log_px), (base_identity, base_checksums, base_log_px) = scored, baseline_scored
     differ = sorted(
         key
         for key in set(identity) | set(base_identity)
         if key not in ("name", "weights_sha256") and identity.get(key) != base_identity.get(key)
     )
-    if differ or not np.array_equal(checksums, base_checksums):
+    same_pixels = np.array_equal(checksums, base_checksums)
+    if differ or not same_pixels:
         raise ValueError(
             f"{progress} and {baseline_progress} did not score the same images the same way "
-            f"(identity keys that differ: {differ or 'none'}; per-batch pixel sums equal: "
-            f"{np.array_equal(checksums, base_checksums)})"
+            f"(identity keys that differ: {differ or 'none'}; per-batch pixel sums equal: {same_pixels})"
         )
     if base_identity["name"] != baseline:
         raise ValueError(f"{baseline_progress} scored {base_identity['name']!r}, not the baseline {baseline!r}")
@@ -227,26 +232,23 @@ def add_paired_comparison(args):
     Each progress file must have scored its entry's shipped weights (their
     sha256), finished, and reproduced the card's test NLL to its rounding.
     """
-    import numpy as np
-
-    cards = {}
+    cards, scored = {}, {}
     for name, path in ((args.name, args.progress), (args.baseline, args.baseline_progress)):
-        card = json.loads((ROOT / "zoo" / f"{name}.json").read_text())
-        with np.load(path, allow_pickle=False) as data:
-            identity = json.loads(str(data["identity"]))
-            nll = -float(np.mean(data["log_px"]))
-            images = data["log_px"].size
+        card = cards[name] = json.loads((ROOT / "zoo" / f"{name}.json").read_text())
+        identity, _, log_px = scored[name] = _progress_file(path)
         results = card["results"]
         if identity["name"] != name or identity["weights_sha256"] != card["weights"]["sha256"]:
             raise ValueError(f"{path} did not score {name!r}'s shipped weights ({card['weights']['sha256']})")
-        if images != results["test_images"] or abs(nll - results["test_nll_nats"]) > 0.005 + 1e-9:
+        nll = -float(log_px.mean())
+        if log_px.size != results["test_images"] or abs(nll - results["test_nll_nats"]) > 0.005 + 1e-9:
             raise ValueError(
-                f"{path} does not reproduce {name!r}'s card: {images} images, {nll:.3f} nats "
+                f"{path} does not reproduce {name!r}'s card: {log_px.size} images, {nll:.3f} nats "
                 f"(card: {results['test_images']} images, {results['test_nll_nats']} nats)"
             )
-        cards[name] = card
     card = cards[args.name]
-    card["results"]["paired_vs_baseline"] = paired_comparison(args.progress, args.baseline, args.baseline_progress)
+    card["results"]["paired_vs_baseline"] = _paired_results(
+        args.progress, scored[args.name], args.baseline, args.baseline_progress, scored[args.baseline]
+    )
     (ROOT / "zoo" / f"{args.name}.json").write_text(json.dumps(card, indent=2) + "\n")
     return card
 
