@@ -193,5 +193,9 @@ def _conv2d_channels_last(inputs, kernel, strides, padding, bias=None):
         else:
             inputs = F.pad(inputs, (0, 0, pads[1][0], pads[1][1], pads[0][0], pads[0][1]))
     bias = None if bias is None else ops.convert_to_tensor(bias)
-    outputs = F.conv2d(inputs.permute(0, 3, 1, 2), kernel.permute(3, 2, 0, 1), bias, stride=strides, padding=pad)
+    # The kernel is copied to torch's own layout (it is small): for one image
+    # and one output channel torch takes a slow path whose backward refuses
+    # a permuted kernel view ("grad_weight must be contiguous").
+    kernel = kernel.permute(3, 2, 0, 1).contiguous()
+    outputs = F.conv2d(inputs.permute(0, 3, 1, 2), kernel, bias, stride=strides, padding=pad)
     return outputs.permute(0, 2, 3, 1)
