@@ -48,8 +48,8 @@ def test_the_card_command_checks_the_evaluation_against_its_progress_file(tmp_pa
     printed = tmp_path / "a.json"
     printed.write_text(json.dumps({"num_examples": 2, "nll_nats": 90.0}))
     args = argparse.Namespace(name="x-attentive", evaluation=str(printed), progress=str(progress))
-    figures, identity = fill_card._checked_evaluation(args, "aa")
-    assert figures["nll_nats"] == 90.0 and identity["weights_sha256"] == "aa"
+    figures, progress = fill_card._checked_evaluation(args, "aa")
+    assert figures["nll_nats"] == 90.0 and progress.identity["weights_sha256"] == "aa"
     with pytest.raises(ValueError, match="not the file to ship"):
         fill_card._checked_evaluation(args, "bb")
     printed.write_text(json.dumps({"num_examples": 2, "nll_nats": 91.0}))
@@ -58,18 +58,21 @@ def test_the_card_command_checks_the_evaluation_against_its_progress_file(tmp_pa
 
 
 def test_paired_comparison_against_numpy_and_refuses_other_images(tmp_path):
-    a = _progress(tmp_path / "a.npz", "a-attentive", "aa", [-100.0, -90.0, -80.0])
-    b = _progress(tmp_path / "b.npz", "a-baseline", "bb", [-101.0, -93.0, -79.0])
+    def read(*args, **identity):
+        return fill_card._progress_file(_progress(*args, **identity))
+
+    a = read(tmp_path / "a.npz", "a-attentive", "aa", [-100.0, -90.0, -80.0])
+    b = read(tmp_path / "b.npz", "a-baseline", "bb", [-101.0, -93.0, -79.0])
     paired = fill_card.paired_comparison(a, "a-baseline", b)
     difference = np.array([-101.0, -93.0, -79.0]) - np.array([-100.0, -90.0, -80.0])
     assert paired["nll_difference_nats"] == round(difference.mean(), 2)
     assert paired["stderr"] == round(difference.std(ddof=1) / np.sqrt(3), 2)
     assert paired["test_images"] == 3
     assert paired["fraction_of_images_attentive_scores_higher"] == round(2 / 3, 3)
-    other_k = _progress(tmp_path / "k.npz", "a-baseline", "bb", [-1.0, -2.0, -3.0], num_samples=10)
+    other_k = read(tmp_path / "k.npz", "a-baseline", "bb", [-1.0, -2.0, -3.0], num_samples=10)
     with pytest.raises(ValueError, match="num_samples"):
         fill_card.paired_comparison(a, "a-baseline", other_k)
-    other_images = _progress(tmp_path / "c.npz", "a-baseline", "bb", [-1.0, -2.0, -3.0], checksums=(10.0, 21.0))
+    other_images = read(tmp_path / "c.npz", "a-baseline", "bb", [-1.0, -2.0, -3.0], checksums=(10.0, 21.0))
     with pytest.raises(ValueError, match="pixel sums equal: False"):
         fill_card.paired_comparison(a, "a-baseline", other_images)
     with pytest.raises(ValueError, match="not the baseline"):

@@ -23,6 +23,7 @@ Usage (TensorFlow backend, from the repository root):
 """
 
 import argparse
+import collections
 import datetime
 import hashlib
 import json
@@ -101,26 +102,37 @@ def _sha256(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+# An `evaluate --progress` file, read once: its identity, per-batch pixel
+# sums and per-image log p(x).
+ProgressFile = collections.namedtuple("ProgressFile", "path identity checksums log_px")
+
+
 def _progress_file(path):
-    """An `evaluate --progress` file's identity, per-batch pixel sums and per-image log p(x)."""
     import numpy as np
 
     with np.load(path, allow_pickle=False) as data:
-        return json.loads(str(data["identity"])), data["checksums"], data["log_px"]
+        return ProgressFile(path, json.loads(str(data["identity"])), data["checksums"], data["log_px"])
+
+
+def _require_weights(progress, name, weights_sha256, what):
+    """Refuses a progress file that did not score `name` with the weights of sha256 `weights_sha256` (`what`)."""
+    identity = progress.identity
+    if identity["name"] != name or identity["weights_sha256"] != weights_sha256:
+        raise ValueError(
+            f"{progress.path} scored {identity['name']!r} with weights of sha256 {identity['weights_sha256']}, "
+            f"not {what} ({name!r}, {weights_sha256})"
+        )
 
 
 def _checked_evaluation(args, weights_sha256):
-    """The printed figures and the progress file's identity, checked against each other and its per-image log p(x)."""
+    """The printed figures and the read progress file, checked against each other and the weights to ship."""
     printed = json.loads(pathlib.Path(args.evaluation).read_text())
-    identity, _, log_px = _progress_file(args.progress)
-    if identity["name"] != args.name or identity["weights_sha256"] != weights_sha256:
-        raise ValueError(
-            f"{args.progress} scored {identity['name']!r} with weights of sha256 {identity['weights_sha256']}, "
-            f"not the file to ship ({args.name!r}, {weights_sha256})"
-        )
+    progress = _progress_file(args.progress)
+    _require_weights(progress, args.name, weights_sha256, "the file to ship")
+    log_px = progress.log_px
     if printed["num_examples"] != log_px.size or abs(printed["nll_nats"] + log_px.mean()) > 1e-6:
         raise ValueError(f"{args.evaluation} (the finished evaluation) and {args.progress} disagree")
-    return printed, identity
+    return printed, progress
 
 
 def fill_card(args):
@@ -130,7 +142,8 @@ def fill_card(args):
     if run["model"] != args.name:
         raise ValueError(f"--run trained {run['model']!r}, not {args.name!r}. Received: --run {args.run}")
     source = pathlib.Path(args.weights or pathlib.Path(args.run) / "model.weights.h5")
-    printed, identity = _checked_evaluation(args, _sha256(source))
+    source_sha256 = _sha256(source)
+    printed, progress = _checked_evaluation(args, source_sha256)
     seconds = epoch_seconds(args.log)
     if len(seconds) != run["epochs"]:
         raise ValueError(f"{args.log} logs {len(seconds)} finished epochs, the run has {run['epochs']}")
@@ -141,7 +154,7 @@ def fill_card(args):
         "file": weights_file,
         "dtype": _float_dtype(source),
         "bytes": source.stat().st_size,
-        "sha256": _sha256(source),
+        "sha256": source_sha256,
     }
     images_seen = run["epochs"] * run["steps_per_epoch"] * run["batch_size"] * run["replicas"]
     results = {
@@ -150,7 +163,7 @@ def fill_card(args):
         "bits_per_dim": round(printed["bits_per_dim"], 4),
         "elbo_nats": round(printed["elbo_nats"], 2),
         "test_images": printed["num_examples"],
-        "importance_samples": identity["num_samples"],
+        "importance_samples": progress.identity["num_samples"],
         "evaluation_seconds": printed["seconds"],
         "epochs": run["epochs"],
         "steps_per_epoch": run["steps_per_epoch"],
@@ -165,7 +178,7 @@ def fill_card(args):
         "evaluate_command": args.evaluate_command,
     }
     if args.baseline_progress:
-        results["paired_vs_baseline"] = paired_comparison(args.progress, args.baseline, args.baseline_progress)
+        results["paired_vs_baseline"] = paired_comparison(progress, args.baseline, _progress_file(args.baseline_progress))
     for note in args.note or []:
         key, _, text = note.partition("=")
         results[key] = text
@@ -186,12 +199,7 @@ def fill_card(args):
 
 
 def paired_comparison(progress, baseline, baseline_progress):
-    """The card's `paired_vs_baseline` from two `--progress` files of one evaluation of the same images."""
-    return _paired_results(progress, _progress_file(progress), baseline, baseline_progress, _progress_file(baseline_progress))
-
-
-def _paired_results(progress, scored, baseline, baseline_progress, baseline_scored):
-    """`paired_comparison` of two read progress files (`_progress_file`).
+    """The card's `paired_vs_baseline` from two read `--progress` files (`_progress_file`) of the same images.
 
     Refuses files that scored other images (a different data selection,
     batch size, K or seed in the identity, or other per-batch pixel sums).
@@ -200,20 +208,21 @@ def _paired_results(progress, scored, baseline, baseline_progress, baseline_scor
 
     from keras_avae import evaluation
 
-    (identity, checksums, log_px), (base_identity, base_checksums, base_log_px) = scored, baseline_scored
+    identity, base_identity = progress.identity, baseline_progress.identity
+    log_px, base_log_px = progress.log_px, baseline_progress.log_px
     differ = sorted(
         key
         for key in set(identity) | set(base_identity)
         if key not in ("name", "weights_sha256") and identity.get(key) != base_identity.get(key)
     )
-    same_pixels = np.array_equal(checksums, base_checksums)
+    same_pixels = np.array_equal(progress.checksums, baseline_progress.checksums)
     if differ or not same_pixels:
         raise ValueError(
-            f"{progress} and {baseline_progress} did not score the same images the same way "
+            f"{progress.path} and {baseline_progress.path} did not score the same images the same way "
             f"(identity keys that differ: {differ or 'none'}; per-batch pixel sums equal: {same_pixels})"
         )
     if base_identity["name"] != baseline:
-        raise ValueError(f"{baseline_progress} scored {base_identity['name']!r}, not the baseline {baseline!r}")
+        raise ValueError(f"{baseline_progress.path} scored {base_identity['name']!r}, not the baseline {baseline!r}")
     paired = evaluation.paired_difference(log_px, base_log_px)
     return {
         "baseline": baseline,
@@ -235,10 +244,9 @@ def add_paired_comparison(args):
     cards, scored = {}, {}
     for name, path in ((args.name, args.progress), (args.baseline, args.baseline_progress)):
         card = cards[name] = json.loads((ROOT / "zoo" / f"{name}.json").read_text())
-        identity, _, log_px = scored[name] = _progress_file(path)
-        results = card["results"]
-        if identity["name"] != name or identity["weights_sha256"] != card["weights"]["sha256"]:
-            raise ValueError(f"{path} did not score {name!r}'s shipped weights ({card['weights']['sha256']})")
+        progress = scored[name] = _progress_file(path)
+        _require_weights(progress, name, card["weights"]["sha256"], "the shipped weights")
+        results, log_px = card["results"], progress.log_px
         nll = -float(log_px.mean())
         if log_px.size != results["test_images"] or abs(nll - results["test_nll_nats"]) > 0.005 + 1e-9:
             raise ValueError(
@@ -246,9 +254,7 @@ def add_paired_comparison(args):
                 f"(card: {results['test_images']} images, {results['test_nll_nats']} nats)"
             )
     card = cards[args.name]
-    card["results"]["paired_vs_baseline"] = _paired_results(
-        args.progress, scored[args.name], args.baseline, args.baseline_progress, scored[args.baseline]
-    )
+    card["results"]["paired_vs_baseline"] = paired_comparison(scored[args.name], args.baseline, scored[args.baseline])
     (ROOT / "zoo" / f"{args.name}.json").write_text(json.dumps(card, indent=2) + "\n")
     return card
 

@@ -169,9 +169,10 @@ def _conv2d_channels_last(inputs, kernel, strides, padding, bias=None):
     On torch, `ops.conv` copies the inputs to channels-first and back, and
     the output again, on every call. Permuted views of the same memory are
     what torch calls the channels-last format, which its CPU and GPU
-    convolutions take as they are: no copies. The bias goes into the
-    convolution itself on torch: its gradient comes out of the convolution's
-    backward kernel instead of a separate reduction over the output.
+    convolutions take as they are: no copies of inputs or outputs. The bias
+    goes into the convolution itself on torch: its gradient comes out of the
+    convolution's backward kernel instead of a separate reduction over the
+    output.
     """
     if keras.backend.backend() != "torch":
         outputs = ops.conv(inputs, kernel, strides=strides, padding=padding)
