@@ -114,18 +114,29 @@ class _Batches:
 def train(args, data, results, output):
     """Trains `args.entry` for about `args.train_seconds`; returns the trained model."""
     import keras
+    import torch
 
     from keras_avae import zoo
     from keras_avae.training import KLWarmup
     from keras_avae.training import make_optimizer
     from keras_avae.training import resolve_recipe
 
-    batches = _Batches(data["train_grey"], args.batch_size, seed=0)
-    model = zoo.load(args.entry, weights=None, seed=0, dtype=args.dtype)
+    # `--init-weights` continues an earlier run's shipped float16 weights (a new schedule, fresh optimizer slots).
+    model = zoo.load(args.entry, weights=args.init_weights, seed=0, dtype=args.dtype)
     initial = model.get_weights()
     # The step time sets the schedule's length; the timing steps' updates are discarded.
     model.compile(optimizer=keras.optimizers.Adamax(1e-4))
-    step_seconds = _timed_steps(model, [next(batches) for _ in range(args.timing_steps + 3)], warmup=3)
+    while True:
+        batches = _Batches(data["train_grey"], args.batch_size, seed=args.data_seed)
+        try:
+            step_seconds = _timed_steps(model, [next(batches) for _ in range(args.timing_steps + 3)], warmup=3)
+            break
+        except torch.OutOfMemoryError:  # one GPU call must not be lost to a batch too large
+            if args.batch_size < 32:
+                raise
+            print(f"batch {args.batch_size}: out of GPU memory; trying {args.batch_size // 2}", flush=True)
+            args.batch_size //= 2
+            torch.cuda.empty_cache()
     model.set_weights(initial)
     steps = max(args.steps_per_epoch, int(args.train_seconds / step_seconds))
     epochs = max(1, steps // args.steps_per_epoch)
@@ -133,14 +144,16 @@ def train(args, data, results, output):
     recipe = resolve_recipe(
         args.entry,
         learning_rate=args.learning_rate,
+        min_learning_rate=min(args.min_learning_rate, args.learning_rate),
         epochs=epochs,
         warmup_epochs=max(1, round(0.05 * epochs)),
-        kl_warmup_epochs=max(1, round(args.kl_warmup_fraction * epochs)),
+        kl_warmup_epochs=0 if args.kl_warmup_fraction == 0 else max(1, round(args.kl_warmup_fraction * epochs)),
     )
     model.compile(optimizer=make_optimizer(recipe, args.steps_per_epoch, epochs))
     kl = KLWarmup(recipe["kl_warmup_epochs"], recipe["kl_min"])
     results["training"] = {
         "entry": args.entry, "dtype": args.dtype, "batch_size": args.batch_size,
+        "init_weights": args.init_weights, "data_seed": args.data_seed,
         "parameters": model.count_params(), "timed_step_seconds": step_seconds,
         "steps_planned": steps, "pseudo_epoch_steps": args.steps_per_epoch,
         "recipe": {k: recipe[k] for k in ("learning_rate", "min_learning_rate", "warmup_epochs",
@@ -254,6 +267,10 @@ def run(args):
         if torch.cuda.is_available():
             results["training"]["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         weights = save_float16(model, args, output)
+        if args.split_mib:  # the device returns files of at most 16 MiB; `cat` joins the parts
+            content, size = weights.read_bytes(), int(args.split_mib * 2**20)
+            for i in range(0, len(content), size):
+                (output / f"{weights.name}.part{i // size}").write_bytes(content[i : i + size])
         del model
         torch.cuda.empty_cache()
     evaluate(args, data, weights, results, output)
@@ -284,12 +301,16 @@ def main(argv=None):
     r.add_argument("--dtype", default="mixed_bfloat16")
     r.add_argument("--batch-size", type=int, default=64)
     r.add_argument("--learning-rate", type=float, default=1e-2)
+    r.add_argument("--min-learning-rate", type=float, default=1e-4, help="the cosine's end (at most --learning-rate)")
     r.add_argument("--kl-warmup-fraction", type=float, default=0.2)
     r.add_argument("--train-seconds", type=float, default=270)
     r.add_argument("--eval-seconds", type=float, default=150)
     r.add_argument("--num-samples", type=int, default=500)
     r.add_argument("--chunk-size", type=int, default=None, help="samples per top-down pass in scoring")
     r.add_argument("--weights", help="score these float16 weights instead of training")
+    r.add_argument("--split-mib", type=float, help="also write the weights in parts of this many MiB")
+    r.add_argument("--init-weights", help="train on from these float16 weights instead of fresh ones")
+    r.add_argument("--data-seed", type=int, default=0, help="seed of the batches' order and binarisation")
     r.add_argument("--progress", help="a progress .npz: scoring continues where it stopped")
     r.add_argument("--steps-per-epoch", type=int, default=50, help="steps per schedule 'epoch'")
     r.add_argument("--timing-steps", type=int, default=10)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -96,7 +97,8 @@ def _gpu_train(tmp_path, *extra):
     env = {**os.environ, "KERAS_BACKEND": "torch"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads((tmp_path / "out" / "results.json").read_text())
+    output = extra[list(extra).index("--output") + 1]
+    return json.loads((pathlib.Path(output) / "results.json").read_text())
 
 
 @pytest.mark.skipif(
@@ -135,3 +137,23 @@ def test_gpu_train_script_trains_saves_and_scores_resumably(tmp_path):
     )["evaluation"]
     assert again["images"] == 50 and again["resumed_images"] == 25
     assert again["weights_sha256"] == first["weights_sha256"]
+    # `--init-weights` trains on from a float16 file: with a vanishing learning rate the trainable
+    # weights come back as they went in (fresh weights would not).
+    continued = tmp_path / "continued"
+    training = _gpu_train(
+        tmp_path, "--output", str(continued), "--init-weights", str(weights), "--learning-rate", "1e-20",
+        "--kl-warmup-fraction", "0", "--batch-size", "4", "--train-seconds", "0.1", "--timing-steps", "1",
+        "--steps-per-epoch", "2", "--no-cifar10", "--data-seed", "1", "--split-mib", "0.1",
+    )["training"]
+    assert training["init_weights"] == str(weights) and training["recipe"]["kl_warmup_epochs"] == 0
+    before = keras_avae.zoo.load("omniglot-attentive-small", weights=str(weights))
+    after = keras_avae.zoo.load(
+        "omniglot-attentive-small", weights=str(continued / "omniglot-attentive-small.float16.weights.h5")
+    )
+    for a, b in zip(before.trainable_weights, after.trainable_weights):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=a.path)
+    # `--split-mib`: parts small enough to come back from the device, which join to the file.
+    parts = sorted(continued.glob("*.part*"), key=lambda part: int(part.suffix[len(".part"):]))
+    assert len(parts) > 1 and all(part.stat().st_size <= 0.1 * 2**20 for part in parts)
+    joined = b"".join(part.read_bytes() for part in parts)
+    assert joined == (continued / "omniglot-attentive-small.float16.weights.h5").read_bytes()
