@@ -21,7 +21,14 @@ to `--output`:
 
     python benchmarks/gpu_train.py prepare --data-dir ../shared/data/omniglot --output .gpu/omniglot.npz
     KERAS_BACKEND=torch python benchmarks/gpu_train.py run --data .gpu/omniglot.npz \\
-        --entry omniglot-attentive --train-seconds 270 --eval-seconds 150 --output runs/gpu
+        --entry omniglot-attentive --train-seconds 270 --eval-seconds 150 --output runs/gpu --split-mib 15
+    # train on from weights saved before, without a second KL warm-up:
+    KERAS_BACKEND=torch python benchmarks/gpu_train.py run --data .gpu/omniglot.npz \\
+        --entry omniglot-attentive --init-weights zoo/omniglot-attentive.weights.h5 --kl-warmup-fraction 0 ...
+
+The device returns files of at most 16 MiB; the paper-size OMNIGLOT float16
+file is 16.9 MiB, so `--split-mib 15` writes it in parts too (join them with
+`cat`).
 """
 
 import argparse
