@@ -330,6 +330,8 @@ def main(argv=None):
     if args.command == "prepare":
         prepare(args)
     else:
+        if args.split_mib is not None and not args.split_mib > 0:
+            parser.error(f"--split-mib must be positive. Received: --split-mib {args.split_mib}")
         if os.environ.get("KERAS_BACKEND") != "torch":
             parser.error(f"`run` needs KERAS_BACKEND=torch. Received: KERAS_BACKEND={os.environ.get('KERAS_BACKEND')!r}")
         run(args)
