@@ -213,6 +213,14 @@ def save_float16(model, args, output):
     return half
 
 
+def _write_parts(path, mib):
+    """`path` again as `path.part0`, `path.part1`, ... of at most `mib` MiB: the device returns
+    files of at most 16 MiB, and `cat` joins the parts."""
+    content, size = path.read_bytes(), int(mib * 2**20)
+    for i in range(0, len(content), size):
+        path.with_name(f"{path.name}.part{i // size}").write_bytes(content[i : i + size])
+
+
 def evaluate(args, data, weights, results, output):
     """K-sample NLL, in float32 with TF32 off, of `zoo.load(entry)` with the float16 weights."""
     import torch
@@ -274,10 +282,8 @@ def run(args):
         if torch.cuda.is_available():
             results["training"]["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         weights = save_float16(model, args, output)
-        if args.split_mib:  # the device returns files of at most 16 MiB; `cat` joins the parts
-            content, size = weights.read_bytes(), int(args.split_mib * 2**20)
-            for i in range(0, len(content), size):
-                (output / f"{weights.name}.part{i // size}").write_bytes(content[i : i + size])
+        if args.split_mib:
+            _write_parts(weights, args.split_mib)
         del model
         torch.cuda.empty_cache()
     evaluate(args, data, weights, results, output)
