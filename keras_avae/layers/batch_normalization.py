@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_avae.keras_compat import in_stateless_scope
+
 
 @keras.saving.register_keras_serializable(package="keras_avae")
 class BatchNormalization(keras.layers.BatchNormalization):
@@ -44,7 +46,15 @@ class BatchNormalization(keras.layers.BatchNormalization):
             outputs, mean, variance = self._tensorflow_batch_norm(inputs, update)
         else:
             outputs, mean, variance = self._torch_batch_norm(inputs, update)
-        if update:
+        if update and keras.backend.backend() == "torch" and not in_stateless_scope():
+            # In place, as Keras' own torch `assign` writes: one op per
+            # average instead of four Keras ops and an assignment.
+            import torch
+
+            with torch.no_grad():
+                self.moving_mean.value.lerp_(mean, 1.0 - self.momentum)
+                self.moving_variance.value.lerp_(variance, 1.0 - self.momentum)
+        elif update:
             self.moving_mean.assign(self.moving_mean * self.momentum + mean * (1.0 - self.momentum))
             self.moving_variance.assign(self.moving_variance * self.momentum + variance * (1.0 - self.momentum))
         return ops.cast(outputs, self.compute_dtype)

@@ -1,5 +1,6 @@
 """What every keras-avae VAE shares: the negative-ELBO loss and its metrics."""
 
+import functools
 import math
 
 import keras
@@ -182,15 +183,12 @@ class ELBOModel(PresetMixin, keras.Model):
 def _sum_of_squares(values):
     """`sum_w sum(w ** 2)` over float32 tensors of any shapes.
 
-    On PyTorch, as one dot product of the weights laid end to end: a few
-    ops instead of two per weight forward and more backward, where each op
+    On PyTorch, as one autograd node (`_torch_sum_of_squares`): a few ops
+    instead of two per weight forward and more backward, where each op
     costs Python and dispatch time (TensorFlow and JAX graphs gain nothing).
     """
     if keras.backend.backend() == "torch":
-        import torch
-
-        flat = torch.cat([value.reshape(-1) for value in values])
-        return torch.dot(flat, flat)
+        return _torch_sum_of_squares()(*values)
     return ops.sum(ops.stack([ops.sum(value * value) for value in values]))
 
 
@@ -210,3 +208,27 @@ def _scale_loss_for_distribution(loss):
     if replicas > 1:
         loss = loss * (1.0 / replicas)
     return loss
+
+
+@functools.cache
+def _torch_sum_of_squares():
+    """`sum_w sum(w ** 2)` on torch as one autograd node over all the weights.
+
+    Forward one multi-tensor norm, backward one multi-tensor product
+    `2 g w`: no concatenation of the weights, whose gradient would be
+    split back into a view per weight (two autograd nodes each).
+    """
+    import torch
+
+    class SumOfSquares(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *values):
+            ctx.save_for_backward(*values)
+            norms = torch._foreach_norm(values)
+            return torch.stack(norms).square().sum()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return tuple(torch._foreach_mul(ctx.saved_tensors, 2.0 * grad))
+
+    return SumOfSquares.apply
