@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_avae.distributions.bernoulli import bernoulli_log_prob
 from keras_avae.distributions.gaussian import DiagonalGaussian
+from keras_avae.keras_compat import call_sublayer
 from keras_avae.models.elbo_model import ELBOModel
 from keras_avae.models.hierarchical_config import CONFIG_KEYS
 from keras_avae.models.hierarchical_config import validate_config
@@ -225,13 +226,13 @@ class HierarchicalVAE(HierarchicalLayers, HierarchicalInference, ELBOModel):
 
     def bottom_up(self, x, training=None):
         """Deterministic features `[e_0, ..., e_L]` (e_L: the pre-processed image)."""
-        e = self.stem(self._encoder_input(x))
+        e = call_sublayer(self.stem, self._encoder_input(x))
         for cell in self.preprocess:
-            e = cell(e, training=training)
+            e = call_sublayer(cell, e, training=training)
         features = [e]
         for j in reversed(range(self.num_layers)):
             for cell in self._cells_of(self.encoder_cells, j):
-                e = cell(e, training=training)
+                e = call_sublayer(cell, e, training=training)
             features.append(e)
         return features[::-1]
 
@@ -296,7 +297,9 @@ class HierarchicalVAE(HierarchicalLayers, HierarchicalInference, ELBOModel):
                 condition, query, prior_raw = top_values, top_query, None
             else:
                 cell = self.prior_cells[i - 1]
-                step = cell(context_values, context_keys, z, training=training, seed_generator=self.seed_generator)
+                step = call_sublayer(
+                    cell, context_values, context_keys, z, training=training, seed_generator=self.seed_generator
+                )
                 condition, query, prior_raw, prior = step["condition"], step["query"], step["raw"], step["prior"]
                 generative_scores[i] = step["scores"]
                 # Earlier contexts are read only by the generative attention.
@@ -306,8 +309,14 @@ class HierarchicalVAE(HierarchicalLayers, HierarchicalInference, ELBOModel):
             if given is not None:
                 z = ops.convert_to_tensor(given[i], "float32")
             elif posterior:
-                q, inference_scores[i] = self.posterior_cells[i](
-                    condition, query, prior_raw, features, training=training, seed_generator=self.seed_generator
+                q, inference_scores[i] = call_sublayer(
+                    self.posterior_cells[i],
+                    condition,
+                    query,
+                    prior_raw,
+                    features,
+                    training=training,
+                    seed_generator=self.seed_generator,
                 )
                 z = q.sample(seed=self.seed_generator)
                 kls.append(q.kl_divergence(prior))
@@ -320,11 +329,11 @@ class HierarchicalVAE(HierarchicalLayers, HierarchicalInference, ELBOModel):
             latents.append(z)
             z = ops.cast(z, dtype)
 
-        decoded = self.merge_output(ops.concatenate([context_values[-1], z], axis=-1))
+        decoded = call_sublayer(self.merge_output, ops.concatenate([context_values[-1], z], axis=-1))
         if self.merge_output_nonlocal is not None:
-            decoded = self.merge_output_nonlocal(decoded, training=training)
+            decoded = call_sublayer(self.merge_output_nonlocal, decoded, training=training)
         for cell in self.postprocess:
-            decoded = cell(decoded, training=training)
+            decoded = call_sublayer(cell, decoded, training=training)
         result = {"decoded": decoded}
         if return_latents:
             result["latents"] = latents

@@ -11,6 +11,7 @@ import keras
 from keras import ops
 
 from keras_avae.distributions.gaussian import DiagonalGaussian
+from keras_avae.keras_compat import call_sublayer
 from keras_avae.layers.layer_norm_gelu import LayerNormGelu
 from keras_avae.ops.channels import split_channels
 
@@ -118,11 +119,11 @@ class PriorCell(_StochasticCell):
 
     def call(self, context_values, context_keys, z, training=None, seed_generator=None):
         P, key_channels = self.context_channels, self.key_channels
-        x = self.merge(ops.concatenate([context_values[-1], z], axis=-1))
+        x = call_sublayer(self.merge, ops.concatenate([context_values[-1], z], axis=-1))
         if self.merge_nonlocal is not None:
-            x = self.merge_nonlocal(x, training=training)
+            x = call_sublayer(self.merge_nonlocal, x, training=training)
         for cell in self.cells:
-            x = cell(x, training=training)
+            x = call_sublayer(cell, x, training=training)
         # Splits, not slices: see `split_channels`.
         context, key, attention_query = split_channels(x, [P, key_channels, x.shape[-1] - P - key_channels])
         query, _ = split_channels(context, [self.query_channels, P - self.query_channels])
@@ -130,14 +131,14 @@ class PriorCell(_StochasticCell):
         scores = None
         if self.attend is not None:
             if self.context_norm is not None:
-                context = self.context_norm(context)
-            attended, scores = self.attend(
-                attention_query, list(context_keys), list(context_values), return_attention_scores=True
+                context = call_sublayer(self.context_norm, context)
+            attended, scores = call_sublayer(
+                self.attend, attention_query, list(context_keys), list(context_values), return_attention_scores=True
             )
             condition = context + ops.cast(self.gate, self.compute_dtype) * attended
         else:
             condition = context
-        raw_loc, raw_log_scale = self._split(self.head(ops.elu(condition)))
+        raw_loc, raw_log_scale = self._split(call_sublayer(self.head, ops.elu(condition)))
         raw_log_scale = self._noisy(raw_log_scale, training, seed_generator)
         return {
             "context": context,
@@ -230,9 +231,9 @@ class PosteriorCell(_StochasticCell):
             return condition, None
         values = [condition] + [value for value, _ in deeper_features]
         keys = [key] + [f_key for _, f_key in deeper_features]
-        attended, scores = self.attend(query, keys, values, return_attention_scores=True)
+        attended, scores = call_sublayer(self.attend, query, keys, values, return_attention_scores=True)
         if self.norm is not None:
-            condition = self.norm(condition)
+            condition = call_sublayer(self.norm, condition)
         gate = ops.cast(self.gate, self.compute_dtype)
         return ops.concatenate([condition + gate * attended, key], axis=-1), scores
 
@@ -241,16 +242,16 @@ class PosteriorCell(_StochasticCell):
         (h_value, h_key), deeper = features[i], features[i + 1 :]
         if i == 0:
             x, scores = self._attended(h_value, h_key, query, deeper)
-            x = self.top[0](ops.elu(x))
-            raw_loc, raw_log_scale = self._split(self.top[1](ops.elu(x)))
+            x = call_sublayer(self.top[0], ops.elu(x))
+            raw_loc, raw_log_scale = self._split(call_sublayer(self.top[1], ops.elu(x)))
         else:
-            merged = self.merge_condition(condition)
-            merged = merged + (self.merge_h(h_value) if self.merge_h is not None else h_value)
+            merged = call_sublayer(self.merge_condition, condition)
+            merged = merged + (call_sublayer(self.merge_h, h_value) if self.merge_h is not None else h_value)
             if self.merge_nonlocal is not None:
-                merged = self.merge_nonlocal(merged, training=training)
+                merged = call_sublayer(self.merge_nonlocal, merged, training=training)
             merged_value, merged_key = self.split_features([merged])[0]
             x, scores = self._attended(merged_value, merged_key, query, deeper)
-            delta_loc, delta_log_scale = self._split(self.head(x))
+            delta_loc, delta_log_scale = self._split(call_sublayer(self.head, x))
             prior_loc, prior_log_scale = prior_raw
             raw_loc, raw_log_scale = prior_loc + delta_loc, prior_log_scale + delta_log_scale
         raw_log_scale = self._noisy(raw_log_scale, training, seed_generator)
