@@ -109,13 +109,15 @@ def call_sublayer(layer, *args, **kwargs):
     (input conversion, call-spec binding, the call context, mask and tree
     walks): 40-140 us per call measured on the 2-core CPU, about a hundred
     calls per `mnist-baseline-small` step. Where none of it can change the
-    result, this calls `layer.call` directly: PyTorch backend, `layer` built,
-    every positional argument (or item of nested lists and tuples) `None`
-    or a tensor already of the layer's input dtype without a Keras mask, `training` (if given) not `None` (so that no call
-    context has to resolve it), no activity regularizer, no rematerialisation,
-    no torch module hooks, and the autocast scope the layer would enter
-    already the current one. Otherwise, and on the other backends (whose
-    compiled steps trace `__call__` once), it is `layer(*args, **kwargs)`.
+    result, this calls `layer.call` directly, in the autocast scope
+    `__call__` would enter: PyTorch backend, `layer` built, every positional
+    argument (or item of nested lists and tuples) `None` or a tensor, no
+    tensor argument that `__call__` would cast to the layer's input dtype or
+    that carries a Keras mask, no NumPy array argument, `training` (if given)
+    not `None` (so that no call context has to resolve it), no activity
+    regularizer, no rematerialisation and no torch module hooks. Otherwise,
+    and on the other backends (whose compiled steps trace `__call__` once),
+    it is `layer(*args, **kwargs)`.
 
     Example:
 
@@ -124,12 +126,17 @@ def call_sublayer(layer, *args, **kwargs):
     >>> tuple(call_sublayer(dense, keras.ops.ones((1, 3))).shape)
     (1, 2)
     """
-    if keras.backend.backend() == "torch" and _skips_call_bookkeeping(layer, args, kwargs):
+    if keras.backend.backend() != "torch" or not _skips_call_bookkeeping(layer, args, kwargs):
+        return layer(*args, **kwargs)
+    scope = _autocast_scope(layer)
+    if scope is None:
         return layer.call(*args, **kwargs)
-    return layer(*args, **kwargs)
+    with scope:
+        return layer.call(*args, **kwargs)
 
 
 def _skips_call_bookkeeping(layer, args, kwargs):
+    """Whether `Layer.__call__` would pass `args` and `kwargs` to `layer.call` unchanged (torch)."""
     import torch
     from keras.src.backend.common.remat import get_current_remat_mode
     from torch.nn.modules import module as torch_module
@@ -138,12 +145,17 @@ def _skips_call_bookkeeping(layer, args, kwargs):
         return False
     if "training" in kwargs and kwargs["training"] is None:
         return False
-    for tensor in _leaves(args):
-        if tensor is None:
-            continue
-        if not isinstance(tensor, torch.Tensor) or keras.src.backend.get_keras_mask(tensor) is not None:
-            return False
-        if keras.backend.standardize_dtype(tensor.dtype) != layer.input_dtype:
+    if any(not (arg is None or isinstance(arg, torch.Tensor)) for arg in _leaves(args)):
+        return False
+    converts = layer.autocast and layer._convert_input_args
+    for value in _leaves((args, tuple(kwargs.values()))):
+        if isinstance(value, torch.Tensor):
+            if keras.src.backend.get_keras_mask(value) is not None:
+                return False
+            dtype = keras.backend.standardize_dtype(value.dtype)
+            if converts and keras.backend.is_float_dtype(dtype) and dtype != layer.input_dtype:
+                return False
+        elif hasattr(value, "__array__"):
             return False
     if getattr(layer, "_remat_mode", None) is not None or get_current_remat_mode() is not None:
         return False
@@ -157,12 +169,22 @@ def _skips_call_bookkeeping(layer, args, kwargs):
         torch_module._global_backward_hooks,
         torch_module._global_backward_pre_hooks,
     )
-    if any(hooks):
-        return False
-    scope = keras.src.backend.get_autocast_scope()
-    if scope is None:
-        return layer.compute_dtype == layer.variable_dtype
-    return layer.autocast and scope.dtype == layer.compute_dtype
+    return not any(hooks)
+
+
+def _autocast_scope(layer):
+    """The autocast scope `Layer.__call__` enters for `layer`, or `None` where it keeps the current one."""
+    backend = keras.src.backend
+    current = backend.get_autocast_scope()
+    if current is not None:
+        if not layer.autocast or not backend.is_float_dtype(layer.compute_dtype):
+            return backend.AutocastScope(None)
+        if current.dtype != layer.compute_dtype:
+            return backend.AutocastScope(layer.compute_dtype)
+        return None
+    if layer.compute_dtype != layer.variable_dtype:
+        return backend.AutocastScope(layer.compute_dtype)
+    return None
 
 
 def _leaves(structure):

@@ -4,6 +4,7 @@ Each test names the Keras internal it relies on, so a Keras release that
 changes one fails here, by name.
 """
 
+import contextlib
 import inspect
 
 import keras
@@ -133,3 +134,96 @@ def test_nested_layers_reaches_every_depth_and_only_layers():
     expected = [layer for cell in cells for layer in (cell, cell.norm, *cell.convs)]
     assert sorted(map(id, found)) == sorted(map(id, expected))
     assert model not in found
+
+
+class _Recorder(keras.layers.Layer):
+    """Adds its weight; remembers whether `call` ran and with which `training`."""
+
+    def build(self, input_shape):
+        self.offset = self.add_weight(shape=(input_shape[-1],), initializer="ones")
+
+    def call(self, x, training=None):
+        self.seen_training = training
+        return x + self.offset
+
+
+def _bookkeeping_skipped(layer, *args, **kwargs):
+    return keras_compat._skips_call_bookkeeping(layer, args, kwargs)
+
+
+def test_call_sublayer_gives_what_calling_the_layer_gives():
+    layer = _Recorder()
+    x = keras.ops.convert_to_tensor(np.arange(6, dtype="float32").reshape(2, 3))
+    layer.build(x.shape)
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(keras_compat.call_sublayer(layer, x, training=True)),
+        keras.ops.convert_to_numpy(layer(x, training=True)),
+    )
+    assert layer.seen_training is True
+    if BACKEND == "torch":  # the others always go through __call__
+        assert _bookkeeping_skipped(layer, x, training=True)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="only torch skips Layer.__call__")
+def test_call_sublayer_keeps_layer_call_where_its_bookkeeping_matters():
+    import torch
+
+    layer = _Recorder()
+    x = keras.ops.ones((2, 3))
+    assert not _bookkeeping_skipped(layer, x)  # not built: __call__ builds it
+    layer.build(x.shape)
+    assert _bookkeeping_skipped(layer, x, training=False)
+    # `training=None` is resolved from the call context by __call__.
+    assert not _bookkeeping_skipped(layer, x, training=None)
+    # Inputs __call__ would convert: another dtype, or not a tensor.
+    assert not _bookkeeping_skipped(layer, keras.ops.ones((2, 3), dtype="float64"))
+    assert not _bookkeeping_skipped(layer, np.ones((2, 3), "float32"))
+    assert not _bookkeeping_skipped(layer, [x, np.ones((2, 3), "float32")])
+    assert _bookkeeping_skipped(layer, [x, (x, None)])
+    # A Keras mask, an activity regularizer, a torch hook.
+    masked = keras.ops.ones((2, 3))
+    keras.src.backend.set_keras_mask(masked, keras.ops.ones((2,), dtype="bool"))
+    assert not _bookkeeping_skipped(layer, masked)
+    regularized = _Recorder(activity_regularizer="l2")
+    regularized.build(x.shape)
+    assert not _bookkeeping_skipped(regularized, x)
+    calls = []
+    handle = layer.register_forward_hook(lambda *args: calls.append(1))
+    assert not _bookkeeping_skipped(layer, x)
+    keras_compat.call_sublayer(layer, x)
+    assert calls == [1]
+    handle.remove()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *args: calls.append(2))
+    try:
+        assert not _bookkeeping_skipped(layer, x)
+    finally:
+        handle.remove()
+    # Mixed precision: inputs __call__ would cast (not with autocast=False).
+    mixed = _Recorder(dtype="mixed_bfloat16")
+    mixed.build(x.shape)
+    assert _bookkeeping_skipped(mixed, keras.ops.cast(x, "bfloat16"))
+    assert not _bookkeeping_skipped(mixed, x)
+    assert not _bookkeeping_skipped(mixed, keras.ops.cast(x, "bfloat16"), extra=x)
+    uncast = _Recorder(dtype="mixed_bfloat16", autocast=False)
+    uncast.build(x.shape)
+    assert _bookkeeping_skipped(uncast, x)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="only torch skips Layer.__call__")
+def test_call_sublayer_enters_the_autocast_scope_layer_call_enters():
+    # A float32 layer reads its float32 weights; a mixed layer reads them
+    # cast to bfloat16, inside or outside another layer's scope, unless it
+    # opts out of autocasting.
+    class ReadsOffset(_Recorder):
+        def call(self, x, training=None):
+            return keras.ops.convert_to_tensor(self.offset).dtype
+
+    x = keras.ops.ones((2, 3))
+    for policy, autocast in (("float32", True), ("mixed_bfloat16", True), ("mixed_bfloat16", False)):
+        layer = ReadsOffset(dtype=policy, autocast=autocast)
+        layer.build(x.shape)
+        inputs = keras.ops.cast(x, layer.compute_dtype)
+        for outer in (None, "bfloat16", "float16"):
+            scope = keras.src.backend.AutocastScope(outer) if outer else contextlib.nullcontext()
+            with scope:
+                assert keras_compat.call_sublayer(layer, inputs) == layer(inputs), (policy, autocast, outer)

@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 
 from keras_avae.layers import ResidualCell
+from keras_avae.layers.residual_cell import _nearest_upsample
 from keras_avae.models import LayerNormGelu
 from tests.test_case import TestCase
+from tests.test_case import gradients
 from tests.test_case import to_numpy
 
 
@@ -139,6 +141,22 @@ class TestResidualCell(TestCase):
             ResidualCell(nonlocal_key_dim=0)
         with pytest.raises(ValueError, match="channels.*even"):
             ResidualCell("up")(images(0, (1, 4, 4, 3)))
+
+    def test_nearest_upsample_and_its_gradient_match_numpy(self):
+        # Each pixel repeated 2x2; its gradient the sum over each 2x2 block
+        # (torch uses its own interpolation kernel, the others a broadcast).
+        x = images(3, (2, 3, 5, 4))
+        r = images(4, (2, 6, 10, 4))
+
+        class Upsample(keras.layers.Layer):
+            def call(self, inputs):
+                return _nearest_upsample(inputs)
+
+        layer = Upsample()
+        self.assertAllClose(to_numpy(layer(x)), np.repeat(np.repeat(x, 2, axis=1), 2, axis=2), atol=0, rtol=0)
+        grads, _ = gradients(layer, lambda y: keras.ops.sum(keras.ops.multiply(y, r)), {"inputs": x})
+        expected = r.reshape(2, 3, 2, 5, 2, 4).sum(axis=(2, 4))
+        self.assertAllClose(grads["inputs"], expected, atol=1e-5, rtol=1e-5)
 
     @pytest.mark.parametrize("attention", ["softmax", "performer"])
     def test_up_cell_trains_as_if_it_upsampled_first(self, attention):

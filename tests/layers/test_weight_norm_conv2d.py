@@ -98,3 +98,27 @@ class TestWeightNormConv2D(TestCase):
         kernel = keras.ops.convert_to_numpy(layer.kernel).astype("float64")
         expected = np.log(np.sqrt(np.sum(kernel**2, axis=(0, 1, 2))))
         self.assertAllClose(to_numpy(layer.log_g), expected, atol=1e-6, rtol=1e-6)
+
+    def test_kernel_gradients_match_the_closed_form(self):
+        # d/dv and d/dlog_g of sum(W * R), W = v s, s = exp(log_g) / ||v||:
+        # dv = s R - v s (R.v) / ||v||^2 and dlog_g = s (R.v), per channel,
+        # in float64 NumPy (torch computes them by hand, the others by autodiff).
+        rng = np.random.default_rng(2)
+        kernel = rng.normal(size=(3, 3, 4, 5))
+        log_g = rng.normal(size=(5,))
+        r = rng.normal(size=kernel.shape)
+
+        class KernelProbe(WeightNormConv2D):
+            def call(self, inputs):
+                return keras.ops.sum(self.normalized_kernel() * inputs)
+
+        layer = KernelProbe(5, 3, use_bias=False)
+        layer.build((1, 6, 6, 4))
+        layer.set_weights([kernel.astype("float32"), log_g.astype("float32")])
+        _, (grad_kernel, grad_log_g) = gradients(layer, lambda y: y, {"inputs": r.astype("float32")})
+
+        norm = np.sqrt(np.sum(kernel**2, axis=(0, 1, 2)))
+        scale = np.exp(log_g) / norm
+        projection = np.sum(r * kernel, axis=(0, 1, 2))
+        self.assertAllClose(grad_log_g, scale * projection, atol=1e-5, rtol=1e-4)
+        self.assertAllClose(grad_kernel, scale * r - kernel * scale * projection / norm**2, atol=1e-5, rtol=1e-4)

@@ -281,3 +281,38 @@ class TestInferenceInputs(TestCase):
         latents = model.encode(x, sample=True)
         assert isinstance(latents, list) and len(latents) == TINY["num_layers"]
         assert all(type(z) is np.ndarray and z.dtype == np.float32 for z in latents)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="only torch skips Layer.__call__ (call_sublayer)")
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_skipping_layer_call_bookkeeping_changes_nothing(dtype, monkeypatch):
+    # The same pass, losses and gradients with every sublayer called through
+    # Layer.__call__ (call_sublayer's other branch).
+    from keras_avae import keras_compat
+
+    model = HierarchicalVAE(**dict(TINY, l2=1e-3), dtype=dtype)
+    model.build()
+    x = keras.ops.convert_to_tensor(shapes_batch(4))
+
+    def loss_and_gradients():
+        reset_seed(model)
+        model.zero_grad()
+        out = model(x, training=True)
+        loss = model.compute_loss(x=x, y_pred=out)
+        loss.backward()
+        grads = [to_numpy(v.value.grad) for v in model.trainable_weights]
+        return to_numpy(out), to_numpy(loss), grads, [to_numpy(v) for v in model.non_trainable_weights]
+
+    start = model.get_weights()
+    fast = loss_and_gradients()
+    called = []
+    original = keras_compat._skips_call_bookkeeping
+    monkeypatch.setattr(keras_compat, "_skips_call_bookkeeping", lambda *a: called.append(original(*a)) or False)
+    model.set_weights(start)  # the same moving statistics before both passes
+    slow = loss_and_gradients()
+    assert called and all(called), "every sublayer call took the fast path before"
+    for key in ("nll", "kl", "kl_per_layer"):
+        np.testing.assert_array_equal(fast[0][key], slow[0][key])
+    np.testing.assert_array_equal(fast[1], slow[1])
+    for a, b in zip(fast[2] + fast[3], slow[2] + slow[3]):
+        np.testing.assert_array_equal(a, b)
