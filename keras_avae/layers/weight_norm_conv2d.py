@@ -5,6 +5,8 @@ import functools
 import keras
 from keras import ops
 
+from keras_avae.layers.batched_weight_norm import shared_kernel
+
 
 @keras.saving.register_keras_serializable(package="keras_avae")
 class WeightNormConv2D(keras.layers.Layer):
@@ -127,6 +129,9 @@ class WeightNormConv2D(keras.layers.Layer):
         True
         """
         if keras.backend.backend() == "torch":
+            kernel = shared_kernel(self)
+            if kernel is not None:  # computed with the other kernels of the pass
+                return ops.cast(kernel, self.compute_dtype)
             kernel = _torch_weight_norm()(ops.convert_to_tensor(self.kernel).float(), ops.convert_to_tensor(self.log_g).float())
             return ops.cast(kernel, self.compute_dtype)
         # exp(log_g) / ||v|| as one product: the fewest ops per call.

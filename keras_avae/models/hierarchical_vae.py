@@ -8,6 +8,9 @@ from keras import ops
 from keras_avae.distributions.bernoulli import bernoulli_log_prob
 from keras_avae.distributions.gaussian import DiagonalGaussian
 from keras_avae.keras_compat import call_sublayer
+from keras_avae.keras_compat import nested_layers
+from keras_avae.layers.batched_weight_norm import batched_normalized_kernels
+from keras_avae.layers.weight_norm_conv2d import WeightNormConv2D
 from keras_avae.models.elbo_model import ELBOModel
 from keras_avae.models.hierarchical_config import CONFIG_KEYS
 from keras_avae.models.hierarchical_config import validate_config
@@ -362,12 +365,17 @@ class HierarchicalVAE(HierarchicalLayers, HierarchicalInference, ELBOModel):
         return data_params.log_prob(x)
 
     def call(self, inputs, training=None):
-        features = self.bottom_up(inputs, training=training)
-        result = self.top_down(features, training=training)
-        params = self.data_distribution_params(result["decoded"])
+        with batched_normalized_kernels(self._weight_norm_layers()):
+            features = self.bottom_up(inputs, training=training)
+            result = self.top_down(features, training=training)
+            params = self.data_distribution_params(result["decoded"])
         nll = -self._log_likelihood(params, inputs)
         kl_per_layer = result["kl_per_layer"]
         return {"nll": nll, "kl": ops.sum(kl_per_layer, axis=-1), "kl_per_layer": kl_per_layer}
+
+    def _weight_norm_layers(self):
+        """The built `WeightNormConv2D` layers (0.1 ms to find: not worth a cache Keras would walk when saving)."""
+        return [layer for layer in nested_layers(self) if isinstance(layer, WeightNormConv2D) and layer.built]
 
     def load_weights(self, filepath, *args, **kwargs):
         """`keras.Model.load_weights`, refusing files of the layout before `PriorCell`s (see `weight_layout`)."""
