@@ -11,7 +11,16 @@ _SHARED_KERNELS = contextvars.ContextVar("keras_avae_shared_kernels", default=No
 
 
 def shared_kernel(layer):
-    """The kernel `batched_normalized_kernels` computed for `layer` in this pass, or `None`."""
+    """The kernel `batched_normalized_kernels` computed for `layer` in this pass, or `None`.
+
+    Example:
+
+    >>> from keras_avae.layers import WeightNormConv2D
+    >>> conv = WeightNormConv2D(2, 3)
+    >>> conv.build((1, 4, 4, 1))
+    >>> shared_kernel(conv) is None  # outside batched_normalized_kernels
+    True
+    """
     kernels = _SHARED_KERNELS.get()
     return None if kernels is None else kernels.get(id(layer))
 
