@@ -113,8 +113,9 @@ def call_sublayer(layer, *args, **kwargs):
     `__call__` would enter: PyTorch backend, `layer` built, every positional
     argument (or item of nested lists and tuples) `None` or a tensor, no
     tensor argument that `__call__` would cast to the layer's input dtype or
-    that carries a Keras mask, no NumPy array argument, `training` (if given)
-    not `None` (so that no call context has to resolve it), no activity
+    that carries a Keras mask, no NumPy array argument, `training` given
+    and not `None` where `call` takes it (so that no call context has to
+    resolve it), no activity
     regularizer, no rematerialisation and no torch module hooks. Otherwise,
     and on the other backends (whose compiled steps trace `__call__` once),
     it is `layer(*args, **kwargs)`.
@@ -143,8 +144,11 @@ def _skips_call_bookkeeping(layer, args, kwargs):
 
     if not layer.built or layer.activity_regularizer is not None:
         return False
-    if "training" in kwargs and kwargs["training"] is None:
-        return False
+    # A call-context argument (`training`) missing or `None` is resolved
+    # from the outer calls by `__call__`.
+    for name in layer._call_context_args:
+        if name in layer.call_signature_parameters and kwargs.get(name) is None:
+            return False
     if any(not (arg is None or isinstance(arg, torch.Tensor)) for arg in _leaves(args)):
         return False
     converts = layer.autocast and layer._convert_input_args

@@ -173,40 +173,41 @@ def test_call_sublayer_keeps_layer_call_where_its_bookkeeping_matters():
     assert not _bookkeeping_skipped(layer, x)  # not built: __call__ builds it
     layer.build(x.shape)
     assert _bookkeeping_skipped(layer, x, training=False)
-    # `training=None` is resolved from the call context by __call__.
+    # `training` missing or None is resolved from the call context by __call__.
     assert not _bookkeeping_skipped(layer, x, training=None)
+    assert not _bookkeeping_skipped(layer, x)
     # Inputs __call__ would convert: another dtype, or not a tensor.
-    assert not _bookkeeping_skipped(layer, keras.ops.ones((2, 3), dtype="float64"))
-    assert not _bookkeeping_skipped(layer, np.ones((2, 3), "float32"))
-    assert not _bookkeeping_skipped(layer, [x, np.ones((2, 3), "float32")])
-    assert _bookkeeping_skipped(layer, [x, (x, None)])
+    assert not _bookkeeping_skipped(layer, keras.ops.ones((2, 3), dtype="float64"), training=True)
+    assert not _bookkeeping_skipped(layer, np.ones((2, 3), "float32"), training=True)
+    assert not _bookkeeping_skipped(layer, [x, np.ones((2, 3), "float32")], training=True)
+    assert _bookkeeping_skipped(layer, [x, (x, None)], training=True)
     # A Keras mask, an activity regularizer, a torch hook.
     masked = keras.ops.ones((2, 3))
     keras.src.backend.set_keras_mask(masked, keras.ops.ones((2,), dtype="bool"))
-    assert not _bookkeeping_skipped(layer, masked)
+    assert not _bookkeeping_skipped(layer, masked, training=True)
     regularized = _Recorder(activity_regularizer="l2")
     regularized.build(x.shape)
-    assert not _bookkeeping_skipped(regularized, x)
+    assert not _bookkeeping_skipped(regularized, x, training=True)
     calls = []
     handle = layer.register_forward_hook(lambda *args: calls.append(1))
-    assert not _bookkeeping_skipped(layer, x)
-    keras_compat.call_sublayer(layer, x)
+    assert not _bookkeeping_skipped(layer, x, training=True)
+    keras_compat.call_sublayer(layer, x, training=True)
     assert calls == [1]
     handle.remove()
     handle = torch.nn.modules.module.register_module_forward_hook(lambda *args: calls.append(2))
     try:
-        assert not _bookkeeping_skipped(layer, x)
+        assert not _bookkeeping_skipped(layer, x, training=True)
     finally:
         handle.remove()
     # Mixed precision: inputs __call__ would cast (not with autocast=False).
     mixed = _Recorder(dtype="mixed_bfloat16")
     mixed.build(x.shape)
-    assert _bookkeeping_skipped(mixed, keras.ops.cast(x, "bfloat16"))
-    assert not _bookkeeping_skipped(mixed, x)
-    assert not _bookkeeping_skipped(mixed, keras.ops.cast(x, "bfloat16"), extra=x)
+    assert _bookkeeping_skipped(mixed, keras.ops.cast(x, "bfloat16"), training=True)
+    assert not _bookkeeping_skipped(mixed, x, training=True)
+    assert not _bookkeeping_skipped(mixed, keras.ops.cast(x, "bfloat16"), extra=x, training=True)
     uncast = _Recorder(dtype="mixed_bfloat16", autocast=False)
     uncast.build(x.shape)
-    assert _bookkeeping_skipped(uncast, x)
+    assert _bookkeeping_skipped(uncast, x, training=True)
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="only torch skips Layer.__call__")
@@ -226,4 +227,6 @@ def test_call_sublayer_enters_the_autocast_scope_layer_call_enters():
         for outer in (None, "bfloat16", "float16"):
             scope = keras.src.backend.AutocastScope(outer) if outer else contextlib.nullcontext()
             with scope:
-                assert keras_compat.call_sublayer(layer, inputs) == layer(inputs), (policy, autocast, outer)
+                assert keras_compat._skips_call_bookkeeping(layer, (inputs,), {"training": True})
+                got = keras_compat.call_sublayer(layer, inputs, training=True)
+                assert got == layer(inputs, training=True), (policy, autocast, outer)
