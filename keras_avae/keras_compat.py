@@ -149,18 +149,17 @@ def _skips_call_bookkeeping(layer, args, kwargs):
     for name in layer._call_context_args:
         if name in layer.call_signature_parameters and kwargs.get(name) is None:
             return False
-    if any(not (arg is None or isinstance(arg, torch.Tensor)) for arg in _leaves(args)):
-        return False
     converts = layer.autocast and layer._convert_input_args
-    for value in _leaves((args, tuple(kwargs.values()))):
-        if isinstance(value, torch.Tensor):
-            if keras.src.backend.get_keras_mask(value) is not None:
+    for positional, values in ((True, args), (False, kwargs.values())):
+        for value in _leaves(values):
+            if isinstance(value, torch.Tensor):
+                if keras.src.backend.get_keras_mask(value) is not None:
+                    return False
+                dtype = keras.backend.standardize_dtype(value.dtype)
+                if converts and keras.backend.is_float_dtype(dtype) and dtype != layer.input_dtype:
+                    return False
+            elif (positional and value is not None) or hasattr(value, "__array__"):
                 return False
-            dtype = keras.backend.standardize_dtype(value.dtype)
-            if converts and keras.backend.is_float_dtype(dtype) and dtype != layer.input_dtype:
-                return False
-        elif hasattr(value, "__array__"):
-            return False
     if getattr(layer, "_remat_mode", None) is not None or get_current_remat_mode() is not None:
         return False
     hooks = (

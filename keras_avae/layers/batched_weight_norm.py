@@ -62,12 +62,29 @@ def batched_normalized_kernels(layers):
     if any(str(t.dtype) != "torch.float32" for t in kernels + log_gs):
         yield
         return
-    normalized = _grouped_weight_norm()(len(layers), *kernels, *log_gs)
+    normalized = normalize_kernels(kernels, log_gs)
     token = _SHARED_KERNELS.set({id(layer): kernel for layer, kernel in zip(layers, normalized)})
     try:
         yield
     finally:
         _SHARED_KERNELS.reset(token)
+
+
+def normalize_kernels(kernels, log_gs):
+    """`v / ||v|| * exp(log_g)` for float32 torch kernels `(k, k, C, F)` and their `log_g`, as one autograd node.
+
+    Returns the normalised kernels, each a `(k, k, C, F)` view of
+    `(F, C, k, k)` memory (torch's convolution layout, so a convolution
+    takes it without a copy).
+
+    Example:
+
+    >>> import torch
+    >>> v, log_g = torch.ones(1, 1, 4, 2), torch.zeros(2)
+    >>> normalize_kernels([v], [log_g])[0][0, 0, :, 0].tolist()
+    [0.5, 0.5, 0.5, 0.5]
+    """
+    return _grouped_weight_norm()(len(kernels), *kernels, *log_gs)
 
 
 @functools.cache

@@ -1,10 +1,9 @@
 """Weight-normalised 2-D convolution (Salimans & Kingma, 2016)."""
 
-import functools
-
 import keras
 from keras import ops
 
+from keras_avae.layers.batched_weight_norm import normalize_kernels
 from keras_avae.layers.batched_weight_norm import shared_kernel
 
 
@@ -129,10 +128,14 @@ class WeightNormConv2D(keras.layers.Layer):
         True
         """
         if keras.backend.backend() == "torch":
+            # One autograd node with closed-form gradients (see
+            # `batched_weight_norm`), shared with the pass's other kernels
+            # inside `batched_normalized_kernels`.
             kernel = shared_kernel(self)
-            if kernel is not None:  # computed with the other kernels of the pass
-                return ops.cast(kernel, self.compute_dtype)
-            kernel = _torch_weight_norm()(ops.convert_to_tensor(self.kernel).float(), ops.convert_to_tensor(self.log_g).float())
+            if kernel is None:
+                kernel = normalize_kernels(
+                    [ops.convert_to_tensor(self.kernel).float()], [ops.convert_to_tensor(self.log_g).float()]
+                )[0]
             return ops.cast(kernel, self.compute_dtype)
         # exp(log_g) / ||v|| as one product: the fewest ops per call.
         kernel = ops.cast(self.kernel, "float32")
@@ -212,41 +215,3 @@ def _conv2d_channels_last(inputs, kernel, strides, padding, bias=None):
     outputs = F.conv2d(inputs.permute(0, 3, 1, 2), kernel, bias, stride=strides, padding=pad)
     return outputs.permute(0, 2, 3, 1)
 
-
-@functools.cache
-def _torch_weight_norm():
-    """`v / ||v|| * exp(log_g)` on torch as one autograd node, in torch's kernel layout.
-
-    Written out with tensor ops, weight normalisation is about ten autograd
-    nodes per convolution forward and more backward (a training step of
-    `mnist-baseline-small` normalises 57 kernels), each costing Python,
-    dispatch and autograd bookkeeping that dwarf the arithmetic on these
-    small kernels. Here the forward pass is five ops without autograd
-    recording and the backward pass five more, from the closed-form
-    gradients (`s = exp(log_g) / ||v||`, `r = sum(dW * v)` per channel):
-    `dv = s dW - v s r / ||v||^2` and `d log_g = s r`. The `(k, k, C, F)`
-    result is a view of `(F, C, k, k)` memory, torch's convolution layout,
-    so the convolution takes it without a copy.
-    """
-    import torch
-
-    class WeightNorm(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, kernel, log_g):
-            filters = kernel.shape[-1]
-            flat = kernel.reshape(-1, filters)
-            inverse_norm = torch.rsqrt((flat * flat).sum(0) + 1e-12)
-            scale = torch.exp(log_g) * inverse_norm
-            ctx.save_for_backward(kernel, scale, inverse_norm)
-            normalized = torch.mul(kernel.permute(3, 2, 0, 1), scale[:, None, None, None]).contiguous()
-            return normalized.permute(2, 3, 1, 0)
-
-        @staticmethod
-        def backward(ctx, grad):
-            kernel, scale, inverse_norm = ctx.saved_tensors
-            projection = (grad * kernel).reshape(-1, kernel.shape[-1]).sum(0)
-            grad_log_g = scale * projection
-            grad_kernel = grad * scale - kernel * (grad_log_g * inverse_norm * inverse_norm)
-            return grad_kernel, grad_log_g
-
-    return WeightNorm.apply
