@@ -159,7 +159,7 @@ def test_killed_data_parallel_run_resumes(tmp_path, helper):  # noqa: F811
     epochs, steps_per_epoch = 3, 3
     total = epochs * steps_per_epoch
     out = tmp_path / "run"
-    command = ("train", out, epochs, "--strategy", "auto", "--cpu-devices", 2, "--jit", "--save-freq", 2)
+    command = ("train", out, epochs, "--strategy", "auto", "--cpu-devices", 2, "--save-freq", 2)
     process = helper(*command, env={"KAVAE_TEST_BATCH_DELAY": "0.5"})
     pointer = out / "backup" / "checkpoint.json"
     wait_for(pointer, process)
@@ -185,7 +185,7 @@ def test_two_processes_train_together_on_localhost(tmp_path, helper):  # noqa: F
     (port,) = free_ports(1)
     out = tmp_path / "run"
     chief = helper(
-        "train", out, 2, "--strategy", "multi-worker", "--jit",
+        "train", out, 2, "--strategy", "multi-worker",
         "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", 2, "--process-id", 0,
     )
     environment = {
@@ -193,7 +193,7 @@ def test_two_processes_train_together_on_localhost(tmp_path, helper):  # noqa: F
         "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
         "KERAS_DISTRIBUTION_PROCESS_ID": "1",
     }
-    worker = helper("train", out, 2, "--strategy", "auto", "--jit", env=environment)
+    worker = helper("train", out, 2, "--strategy", "auto", env=environment)
     results = [result_of(chief), result_of(worker)]
     assert [r["chief"] for r in results] == [True, False]
     for r in results:

@@ -38,7 +38,7 @@ def tiny_run(out, seed):
         num_images=0,
         tensorboard=False,
         verbose=0,
-        jit_compile=False,
+        jit_compile="auto",  # what the command line uses
     )
     with open(out / "history.csv") as f:
         (row,) = list(csv.DictReader(f))

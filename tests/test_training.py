@@ -474,7 +474,7 @@ def test_train_writes_everything_and_guards_nan(tmp_path):
     x = (rng.random((24, 8, 8, 1)) > 0.5).astype("float32")
     x[-1, 3, 3, 0] = np.nan  # one bad image: one skipped step per epoch
     out = tmp_path / "run"
-    kwargs = dict(batch_size=8, config_overrides=TINY, verbose=0, jit_compile=False, num_images=4)
+    kwargs = dict(batch_size=8, config_overrides=TINY, verbose=0, jit_compile="auto", num_images=4)
     model = training.train("mnist-baseline", x, out, epochs=2, **kwargs)
 
     guard = model.optimizer
@@ -762,7 +762,7 @@ def test_resume_checks_each_setting_and_keeps_the_record(tmp_path):
     rng = np.random.default_rng(0)
     x = (rng.random((16, 8, 8, 1)) > 0.5).astype("float32")
     out = tmp_path / "run"
-    kwargs = dict(config_overrides=TINY, verbose=0, jit_compile=False, num_images=0, tensorboard=False)
+    kwargs = dict(config_overrides=TINY, verbose=0, jit_compile="auto", num_images=0, tensorboard=False)
     data = {"dataset": "test", "limit": None, "seed": 0}
     training.train("mnist-baseline", x, out, epochs=1, batch_size=8, data_info=data, **kwargs)
     record = json.loads((out / "run.json").read_text())

@@ -8,7 +8,7 @@ in fresh interpreters:
     python -m tests.training_helper mirrored-step OUT.json
     python -m tests.training_helper jax-data-parallel-step OUT.json
     python -m tests.training_helper train OUT_DIR EPOCHS [--strategy KIND] [--cpu-devices N] \
-        [--save-freq N] [--batch N] [--jit] [--coordinator-address A --num-processes N --process-id I]
+        [--save-freq N] [--batch N] [--coordinator-address A --num-processes N --process-id I]
 
 Each prints one line `RESULT {json}` at the end. A `train` run ends as the
 command line does: a refusal (`ValueError`, `RuntimeError`) is one line
@@ -283,7 +283,9 @@ def train_run(args):
         num_images=4,
         callbacks=[CountBatches()],
         verbose=0,
-        jit_compile="auto" if args.jit else False,
+        # What the command line uses: jax.jit on JAX, graph mode without XLA
+        # on a TensorFlow CPU, eager on PyTorch.
+        jit_compile="auto",
     )
     optimizer = model.optimizer
     iterations = int(keras.ops.convert_to_numpy(optimizer.iterations))
@@ -322,7 +324,6 @@ def main(argv=None):
     run.add_argument("--save-freq", type=int, default=None)
     run.add_argument("--batch", type=int, default=BATCH)
     run.add_argument("--cpu-devices", type=int, default=None)
-    run.add_argument("--jit", action="store_true", help="jit_compile='auto' instead of False")
     run.add_argument("--coordinator-address", default=None)
     run.add_argument("--num-processes", type=int, default=None)
     run.add_argument("--process-id", type=int, default=None)
