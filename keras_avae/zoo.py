@@ -237,7 +237,8 @@ def load(name, /, weights="default", **overrides):
         name: a name from `names()`.
         weights: `"default"`: the entry's pretrained weights when it has
             them and no override changes the architecture, else fresh
-            weights (with a warning when the entry has weights);
+            weights (with a warning when the entry has weights, and when
+            it has none and no override changes the architecture);
             `"pretrained"`: the entry's weights (an error if it has none or
             an override changes the architecture); `None`: fresh weights; or
             a path to a `.weights.h5` file.
@@ -268,6 +269,17 @@ def load(name, /, weights="default", **overrides):
             weights = "pretrained"  # the shipped file, named by its path
     if weights == "default":
         weights = "pretrained" if has_pretrained(name) else None
+        if weights is None and not changes:
+            # `load(name)` reads as "the zoo's model": say so when the entry
+            # has none (a custom architecture is fresh by nature: no warning).
+            trained = [n for n in names() if has_pretrained(n)]
+            warnings.warn(
+                f"zoo.load({name!r}): this entry has no trained weights yet, so the model has fresh, untrained "
+                f"weights. Entries with trained weights: {', '.join(trained) or 'none'}. Pass weights=None to ask "
+                "for fresh weights without this warning, or weights='pretrained' to make this an error.",
+                UserWarning,
+                stacklevel=2,
+            )
         if weights and changes:
             warnings.warn(
                 f"zoo.load({name!r}): these overrides change the architecture the pretrained weights were "

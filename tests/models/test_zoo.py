@@ -108,7 +108,7 @@ PUBLISHED = [
 )
 @pytest.mark.parametrize("name,published,tolerance", PUBLISHED)
 def test_full_size_parameter_counts_match_the_paper(name, published, tolerance):
-    count = trainable_count(keras_avae.zoo.load(name))
+    count = trainable_count(keras_avae.zoo.load(name, weights=None))
     assert abs(count - published) / published < tolerance, (name, count, published)
 
 
@@ -399,6 +399,28 @@ def test_architecture_overrides_with_pretrained_weights_are_an_error(name, overr
     for key, value in overrides.items():
         if key not in zoo._NEUTRAL_OVERRIDES:
             assert f"{key}={value!r} (entry: {zoo.describe(name)['config'][key]!r})" in str(info.value)
+
+
+@pytest.mark.parametrize("weights", ["default", "pretrained", None])
+def test_an_entry_without_trained_weights_says_so(weights):
+    name = "mnist-baseline"  # not trained; small enough to build in a test
+    assert not zoo.has_pretrained(name)
+    if weights == "pretrained":
+        with pytest.raises(ValueError, match="no pretrained weights.*mnist-baseline-small"):
+            zoo.load(name, weights=weights)
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = zoo.load(name, weights=weights)
+    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    if weights is None:  # fresh weights asked for: nothing to say
+        assert messages == []
+    else:
+        assert len(messages) == 1, messages
+        assert "'mnist-baseline'" in messages[0] and "no trained weights" in messages[0]
+        trained = [n for n in zoo.names() if zoo.has_pretrained(n)]
+        assert trained and all(n in messages[0] for n in trained)
+    assert model.num_layers == zoo.describe(name)["config"]["num_layers"]
 
 
 def test_fresh_weights_on_request_are_quiet():
