@@ -31,7 +31,7 @@ def measure(name, overrides, batch_size, steps, warmup):
 
     import keras_avae
 
-    model = keras_avae.zoo.load(name, seed=0, **overrides)
+    model = keras_avae.zoo.load(name, weights=None, seed=0, **overrides)
     model.compile(optimizer=keras.optimizers.Adamax(1e-2))
     rng = np.random.default_rng(0)
     shape = (batch_size, *model.image_shape)
