@@ -239,6 +239,52 @@ def test_train_evaluate_sample_end_to_end(tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.skipif(BACKEND == "torch", reason="zoo models are supported on TensorFlow and JAX")
+def test_evaluate_extends_a_smaller_limit_to_the_same_figures(tmp_path, capsys, monkeypatch):
+    from keras_avae.cli import evaluate as cli_evaluate
+
+    # One model for every run (the same weights file each time): its compiled
+    # scoring functions are traced once, not once per command.
+    loaded = {}
+    load = cli_evaluate._load_model
+    monkeypatch.setattr(cli_evaluate, "_load_model", lambda args: loaded.get("model") or loaded.setdefault("model", load(args)))
+    data = tmp_path / "mnist"
+    data.mkdir()
+    make_mnist_dir(data, n_train=4, n_test=7)
+    overrides = dict(s.split("=") for s in TINY_SETS)
+    model = zoo.load("mnist-baseline-small", weights=None, **{k: int(v) for k, v in overrides.items()})
+    weights = tmp_path / "fresh.weights.h5"
+    model.save_weights(str(weights))
+    evaluate = ["evaluate", "mnist-baseline-small", "--weights", str(weights), "--data-dir", str(data)]
+    evaluate += ["--batch-size", "2", "--num-samples", "3"] + sets(TINY_SETS)
+
+    def scores(progress, *flags):
+        status, printed, err = run_main(evaluate + ["--progress", str(tmp_path / progress), *flags], capsys)
+        assert status == 0, err
+        return json.loads(printed), err
+
+    first, _ = scores("grown.npz", "--limit", "4")  # two full batches
+    assert first["num_examples"] == 4 and first["resumed_images"] == 0
+    grown, err = scores("grown.npz", "--limit", "5")  # the 4 come from the file
+    assert grown["num_examples"] == 5 and grown["resumed_images"] == 4
+    assert "scored 4 images with --limit 4; continuing with --limit 5" in err
+    fresh, _ = scores("fresh.npz", "--limit", "5")  # one uninterrupted run over the 5
+    assert fresh["resumed_images"] == 0
+    for key in ("nll_nats", "elbo_nats", "nll_stderr"):
+        assert grown[key] == fresh[key], key
+    # The file now holds batches of 2, 2 and 1: another image would join the
+    # short last batch, so it cannot grow; nor can it shrink.
+    refusals = {
+        "7": ("short last batch", "5 images in 3 batches", "--limit 7"),
+        "4": ("different evaluation", "limit: file 5, this run 4"),
+    }
+    for limit, fragments in refusals.items():
+        status, _, err = run_main(evaluate + ["--progress", str(tmp_path / "grown.npz"), "--limit", limit], capsys)
+        assert status == 2
+        assert_one_line_error(err, *fragments)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND == "torch", reason="zoo models are supported on TensorFlow and JAX")
 @pytest.mark.parametrize("name,source", [(None, "MNIST test images"), ("omniglot-baseline-small", "OMNIGLOT evaluation")])
 def test_demo_scores_the_shipped_sample_and_draws_grids(tmp_path, capsys, name, source):
     out_dir = tmp_path / "demo"

@@ -1,6 +1,7 @@
 """`keras-avae evaluate`: the importance-sampled NLL of a split, printed as one JSON object."""
 
 import json
+import os
 import sys
 
 from keras_avae.cli.arguments import _parse_sets
@@ -21,20 +22,6 @@ def _cmd_evaluate(args):
 
     from keras_avae import datasets, evaluation, zoo
 
-    model = _load_model(args)
-    data = zoo.describe(args.name)["dataset"]
-    # Static binarisation with a fixed seed: the same binary test set every run.
-    test = datasets.make_dataset(
-        data,
-        args.split,
-        args.data_dir,
-        args.batch_size,
-        shuffle=False,
-        seed=args.seed,
-        limit=args.limit,
-        every=args.every,
-        resize_images=args.resize_images,
-    )
     weights = zoo.pretrained_path(args.name) if args.weights == "pretrained" else args.weights
     with open(weights, "rb") as f:
         weights_sha256 = hashlib.sha256(f.read()).hexdigest()
@@ -49,6 +36,23 @@ def _cmd_evaluate(args):
         # Only when given: progress files written before --every existed stay resumable.
         **({"every": args.every} if args.every else {}),
     }
+
+    if args.progress:  # before the model is built: a refusal costs nothing
+        _extend_a_smaller_limit(args.progress, run_info, args.num_samples, args.seed)
+    model = _load_model(args)
+    data = zoo.describe(args.name)["dataset"]
+    # Static binarisation with a fixed seed: the same binary test set every run.
+    test = datasets.make_dataset(
+        data,
+        args.split,
+        args.data_dir,
+        args.batch_size,
+        shuffle=False,
+        seed=args.seed,
+        limit=args.limit,
+        every=args.every,
+        resize_images=args.resize_images,
+    )
 
     def report(images, log_px, seconds):
         print(
@@ -76,3 +80,49 @@ def _cmd_evaluate(args):
         "resumed_images": scores["resumed_images"],
     }
     print(json.dumps(result))
+
+
+def _extend_a_smaller_limit(path, run_info, num_samples, seed):
+    """Lets a run with a larger `--limit` (or none) continue the progress file of a smaller one.
+
+    The first images of a split come in the same batches whatever the
+    limit, and each batch is sampled from `(seed, batch index)`, so the
+    scored batches are the ones this run would score first, provided they
+    are all full (a short last batch holds other images than this run's
+    batch of the same index). `score_batches` still checks every batch's
+    pixel sum. The file then belongs to this run: its `limit` is rewritten.
+    """
+    import numpy as np
+
+    from keras_avae import evaluation
+
+    if not os.path.exists(path):
+        return
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            saved = json.loads(str(data["identity"]))
+            images, batches = len(data["log_px"]), len(data["checksums"])
+    except Exception:
+        return  # score_batches names what is wrong with the file
+    identity = json.loads(json.dumps({"num_samples": num_samples, "seed": seed, **run_info}))
+    others = {k: v for k, v in saved.items() if k != "limit"}
+    old, new = saved.get("limit"), identity["limit"]
+    if others != {k: v for k, v in identity.items() if k != "limit"} or old == new or "limit" not in saved:
+        return  # the same run, or another one: score_batches resumes or refuses it
+    if old is None or (new is not None and new < old):
+        return  # a smaller limit is not a continuation: score_batches refuses it
+    if images != batches * identity["batch_size"]:
+        raise ValueError(
+            f"`--progress {path}` scored --limit {old} in batches of {identity['batch_size']} with a short last "
+            f"batch ({images} images in {batches} batches), so a run with "
+            f"{'all images' if new is None else f'--limit {new}'} would batch those images differently. "
+            "Use another file, or delete it to start over."
+        )
+    state = evaluation._read_progress(path, saved)
+    evaluation._write_progress(path, identity, state)
+    print(
+        f"evaluate: {path} scored {images} images with --limit {old}; continuing with "
+        f"{'all images' if new is None else f'--limit {new}'}",
+        file=sys.stderr,
+        flush=True,
+    )

@@ -135,8 +135,8 @@ def _add_evaluate_parser(commands, backend):
     evaluate.add_argument(
         "--progress",
         metavar="FILE.npz",
-        help="save per-image results after every batch; run again with the same file to resume "
-        "(default: no file)",
+        help="save per-image results after every batch; run again with the same file to resume, or "
+        "with a larger --limit (or none) to score more images of the split (default: no file)",
     )
     evaluate.add_argument("--verbose", type=int, default=0, choices=(0, 1), help="1: a line per batch on stderr")
 
