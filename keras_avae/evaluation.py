@@ -324,8 +324,7 @@ def score_batches(
         raise ValueError(f"`seed` must be an int in [0, 2**20). Received: seed={seed!r}")
     if not model.built:
         model.build()  # its seed generators must exist before the first reseed
-    identity = {"num_samples": num_samples, "seed": seed, **(run_info or {})}
-    identity = json.loads(json.dumps(identity))  # what the file will hold after a round trip
+    identity = _progress_identity(run_info, num_samples, seed)
     state = {"log_px": [], "elbo": [], "checksums": [], "seconds": 0.0}
     if progress_path is not None and os.path.exists(progress_path):
         state = _read_progress(progress_path, identity)
@@ -391,7 +390,13 @@ def _reseed(model, seed, batch_index):
         state.assign(np.array([key, batch_index * _DRAWS_PER_BATCH]).astype(state.dtype))
 
 
-def _read_progress(path, identity):
+def _progress_identity(run_info, num_samples, seed):
+    """What a progress file records of its run, as the file holds it after a JSON round trip."""
+    return json.loads(json.dumps({"num_samples": num_samples, "seed": seed, **(run_info or {})}))
+
+
+def _load_progress(path):
+    """`(identity, state)` of a progress file, whatever run wrote it (its values are checked to agree)."""
     try:
         with np.load(path, allow_pickle=False) as data:
             saved = json.loads(str(data["identity"]))
@@ -406,17 +411,22 @@ def _read_progress(path, identity):
             f"`progress_path={path!r}` is not a readable keras-avae progress file ({type(error).__name__}: "
             f"{error}). Delete it to start over."
         ) from None
+    if len(state["log_px"]) != len(state["elbo"]):
+        raise ValueError(
+            f"`progress_path={path!r}` is inconsistent: {len(state['log_px'])} log p(x) values, "
+            f"{len(state['elbo'])} ELBO values. Delete it to start over."
+        )
+    return saved, state
+
+
+def _read_progress(path, identity):
+    saved, state = _load_progress(path)
     if saved != identity:
         changed = sorted(k for k in set(saved) | set(identity) if saved.get(k) != identity.get(k))
         detail = ", ".join(f"{k}: file {saved.get(k)!r}, this run {identity.get(k)!r}" for k in changed)
         raise ValueError(
             f"`progress_path={path!r}` was written by a different evaluation ({detail}). "
             "Use another file, or delete it to start over."
-        )
-    if len(state["log_px"]) != len(state["elbo"]):
-        raise ValueError(
-            f"`progress_path={path!r}` is inconsistent: {len(state['log_px'])} log p(x) values, "
-            f"{len(state['elbo'])} ELBO values. Delete it to start over."
         )
     return state
 

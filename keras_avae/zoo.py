@@ -198,6 +198,11 @@ def has_pretrained(name):
     return bool(_get(name).get("weights"))
 
 
+def _trained_names():
+    """The entries with trained weights, comma-separated, for messages."""
+    return ", ".join(n for n in names() if has_pretrained(n)) or "none"
+
+
 def pretrained_path(name):
     """The installed `.weights.h5` file of a trained entry.
 
@@ -212,10 +217,9 @@ def pretrained_path(name):
     """
     entry = _get(name)
     if not entry.get("weights"):
-        trained = [n for n in names() if has_pretrained(n)]
         raise ValueError(
             f"Zoo entry {name!r} has no pretrained weights. Entries with weights: "
-            f"{', '.join(trained) or 'none'}. Received: name={name!r}, weights='pretrained'"
+            f"{_trained_names()}. Received: name={name!r}, weights='pretrained'"
         )
     return _entry_dir() / entry["weights"]["file"]
 
@@ -272,10 +276,9 @@ def load(name, /, weights="default", **overrides):
         if weights is None and not changes:
             # `load(name)` reads as "the zoo's model": say so when the entry
             # has none (a custom architecture is fresh by nature: no warning).
-            trained = [n for n in names() if has_pretrained(n)]
             warnings.warn(
                 f"zoo.load({name!r}): this entry has no trained weights yet, so the model has fresh, untrained "
-                f"weights. Entries with trained weights: {', '.join(trained) or 'none'}. Pass weights=None to ask "
+                f"weights. Entries with trained weights: {_trained_names()}. Pass weights=None to ask "
                 "for fresh weights without this warning, or weights='pretrained' to make this an error.",
                 UserWarning,
                 stacklevel=2,

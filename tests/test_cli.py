@@ -244,9 +244,15 @@ def test_evaluate_extends_a_smaller_limit_to_the_same_figures(tmp_path, capsys, 
 
     # One model for every run (the same weights file each time): its compiled
     # scoring functions are traced once, not once per command.
-    loaded = {}
+    models = []
     load = cli_evaluate._load_model
-    monkeypatch.setattr(cli_evaluate, "_load_model", lambda args: loaded.get("model") or loaded.setdefault("model", load(args)))
+
+    def load_once(args):
+        if not models:
+            models.append(load(args))
+        return models[0]
+
+    monkeypatch.setattr(cli_evaluate, "_load_model", load_once)
     data = tmp_path / "mnist"
     data.mkdir()
     make_mnist_dir(data, n_train=4, n_test=7)

@@ -92,37 +92,22 @@ def _extend_a_smaller_limit(path, run_info, num_samples, seed):
     batch of the same index). `score_batches` still checks every batch's
     pixel sum. The file then belongs to this run: its `limit` is rewritten.
     """
-    import numpy as np
-
     from keras_avae import evaluation
 
     if not os.path.exists(path):
         return
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            saved = json.loads(str(data["identity"]))
-            images, batches = len(data["log_px"]), len(data["checksums"])
-    except Exception:
-        return  # score_batches names what is wrong with the file
-    identity = json.loads(json.dumps({"num_samples": num_samples, "seed": seed, **run_info}))
-    others = {k: v for k, v in saved.items() if k != "limit"}
+    saved, state = evaluation._load_progress(path)
+    identity = evaluation._progress_identity(run_info, num_samples, seed)
     old, new = saved.get("limit"), identity["limit"]
-    if others != {k: v for k, v in identity.items() if k != "limit"} or old == new or "limit" not in saved:
+    if {**saved, "limit": new} != identity or old is None or (new is not None and new <= old):
         return  # the same run, or another one: score_batches resumes or refuses it
-    if old is None or (new is not None and new < old):
-        return  # a smaller limit is not a continuation: score_batches refuses it
+    images, batches = len(state["log_px"]), len(state["checksums"])
+    wanted = "all images" if new is None else f"--limit {new}"
     if images != batches * identity["batch_size"]:
         raise ValueError(
             f"`--progress {path}` scored --limit {old} in batches of {identity['batch_size']} with a short last "
-            f"batch ({images} images in {batches} batches), so a run with "
-            f"{'all images' if new is None else f'--limit {new}'} would batch those images differently. "
-            "Use another file, or delete it to start over."
+            f"batch ({images} images in {batches} batches), so a run with {wanted} would batch those images "
+            "differently. Use another file, or delete it to start over."
         )
-    state = evaluation._read_progress(path, saved)
     evaluation._write_progress(path, identity, state)
-    print(
-        f"evaluate: {path} scored {images} images with --limit {old}; continuing with "
-        f"{'all images' if new is None else f'--limit {new}'}",
-        file=sys.stderr,
-        flush=True,
-    )
+    print(f"evaluate: {path} scored {images} images with --limit {old}; continuing with {wanted}", file=sys.stderr)

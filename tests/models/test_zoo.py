@@ -403,7 +403,7 @@ def test_architecture_overrides_with_pretrained_weights_are_an_error(name, overr
 
 @pytest.mark.parametrize("weights", ["default", "pretrained", None])
 def test_an_entry_without_trained_weights_says_so(weights):
-    name = "mnist-baseline"  # not trained; small enough to build in a test
+    name = "mnist-baseline"  # not trained
     assert not zoo.has_pretrained(name)
     if weights == "pretrained":
         with pytest.raises(ValueError, match="no pretrained weights.*mnist-baseline-small"):
