@@ -6,6 +6,7 @@ import math
 import keras
 from keras import ops
 
+from keras_avae import host_memory
 from keras_avae._validation import check_images
 from keras_avae.evaluation import importance_sampled_log_likelihood
 from keras_avae.models.presets import PresetMixin
@@ -63,6 +64,23 @@ class ELBOModel(PresetMixin, keras.Model):
         else:
             self.call(ops.zeros(shape, self.compute_dtype), training=False)
         self.built = True
+
+    def compile(self, *args, **kwargs):
+        """Keras' `compile`; on PyTorch without CUDA it also keeps freed host memory.
+
+        Eager PyTorch frees and re-allocates every activation each step;
+        `keras_avae.host_memory.keep_freed_host_memory` stops glibc giving
+        those pages back to the system and faulting them in again (about
+        5% of an `mnist-baseline-small` step on the 2-core CPU,
+        `benchmarks/train_throughput.py`). TensorFlow and JAX pool their
+        own buffers.
+        """
+        super().compile(*args, **kwargs)
+        if keras.backend.backend() == "torch":
+            import torch
+
+            if not torch.cuda.is_available():
+                host_memory.keep_freed_host_memory()
 
     def make_train_function(self, force=False):
         """Keras' training function, with the optimizer built before it is traced.
