@@ -70,10 +70,11 @@ class ELBOModel(PresetMixin, keras.Model):
 
         Eager PyTorch frees and re-allocates every activation each step;
         `keras_avae.host_memory.keep_freed_host_memory` stops glibc giving
-        those pages back to the system and faulting them in again (about
-        5% of an `mnist-baseline-small` step on the 2-core CPU,
-        `benchmarks/train_throughput.py`). TensorFlow and JAX pool their
-        own buffers.
+        those pages back to the system and faulting them in again (an
+        `mnist-baseline-small` step on the 2-core CPU ran 1-5.5% faster in
+        three paired processes; `benchmarks/train_throughput.py`). The
+        setting does nothing for TensorFlow's and JAX's buffers (see
+        `keras_avae.host_memory`).
         """
         super().compile(*args, **kwargs)
         if keras.backend.backend() == "torch":
