@@ -12,7 +12,8 @@ step; peak resident memory 1,054 -> 1,076 MiB for attentive-small). This
 is the in-process form of what PyTorch's CPU tuning guide gets by
 preloading jemalloc or tcmalloc.
 
-`ELBOModel.compile` applies it on PyTorch without CUDA. TensorFlow pools
+A keras-avae model applies it when it makes its training function (the
+first `fit` or `train_on_batch`) on PyTorch without CUDA. TensorFlow pools
 its own buffers (about 170 faults a baseline step). JAX's XLA allocates a
 151 MiB temporary buffer per baseline step on its worker threads, which
 glibc serves with `mmap` whatever these thresholds say (38,700 faults a

@@ -82,11 +82,14 @@ def test_opt_out_variable_leaves_malloc_alone(monkeypatch):
         host_memory.keep_freed_host_memory.cache_clear()
 
 
-def test_compile_keeps_freed_memory_on_pytorch_without_cuda(monkeypatch):
+def test_training_function_keeps_freed_memory_on_pytorch_without_cuda(monkeypatch):
     calls = []
     monkeypatch.setattr(host_memory, "keep_freed_host_memory", lambda: calls.append(True))
-    model = HierarchicalVAE(**TINY)
+    model = HierarchicalVAE(**TINY)  # unbuilt: only the function is made
     model.compile(optimizer=keras.optimizers.Adamax(1e-3))
+    assert calls == []  # compiling alone changes nothing
+    model.make_train_function()
+    model.make_train_function()  # made once: no second call
     on_cpu_torch = BACKEND == "torch" and not _torch_cuda()
     assert calls == ([True] if on_cpu_torch else [])
 

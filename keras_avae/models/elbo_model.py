@@ -65,24 +65,6 @@ class ELBOModel(PresetMixin, keras.Model):
             self.call(ops.zeros(shape, self.compute_dtype), training=False)
         self.built = True
 
-    def compile(self, *args, **kwargs):
-        """Keras' `compile`; on PyTorch without CUDA it also keeps freed host memory.
-
-        Eager PyTorch frees and re-allocates every activation each step;
-        `keras_avae.host_memory.keep_freed_host_memory` stops glibc giving
-        those pages back to the system and faulting them in again (an
-        `mnist-baseline-small` step on the 2-core CPU ran 1-5.5% faster in
-        three paired processes; `benchmarks/train_throughput.py`). The
-        setting does nothing for TensorFlow's and JAX's buffers (see
-        `keras_avae.host_memory`).
-        """
-        super().compile(*args, **kwargs)
-        if keras.backend.backend() == "torch":
-            import torch
-
-            if not torch.cuda.is_available():
-                host_memory.keep_freed_host_memory()
-
     def make_train_function(self, force=False):
         """Keras' training function, with the optimizer built before it is traced.
 
@@ -94,7 +76,17 @@ class ELBOModel(PresetMixin, keras.Model):
         half the first-step time of `mnist-attentive-small`
         (`benchmarks/train_throughput.py`). The other backends build it
         before tracing anyway.
+
+        On PyTorch without CUDA, the first call also keeps freed host
+        memory in the process (`keras_avae.host_memory`): eager PyTorch
+        frees and re-allocates every activation each step, and glibc gave
+        those pages back to the system and faulted them in again (an
+        `mnist-baseline-small` step on the 2-core CPU ran 1-5.5% faster
+        with the setting in three paired processes). Not in `compile`:
+        Keras' `load_model` skips a model's overridden `compile`.
         """
+        if getattr(self, "train_function", None) is None or force:
+            _keep_freed_host_memory_on_a_cpu()
         optimizer = getattr(self, "optimizer", None)
         if self.built and optimizer is not None and not optimizer.built:
             if keras.backend.backend() == "tensorflow":
@@ -209,6 +201,16 @@ def _sum_of_squares(values):
     if keras.backend.backend() == "torch":
         return _torch_sum_of_squares()(*values)
     return ops.sum(ops.stack([ops.sum(value * value) for value in values]))
+
+
+def _keep_freed_host_memory_on_a_cpu():
+    """`keep_freed_host_memory` on PyTorch without CUDA; nothing elsewhere."""
+    if keras.backend.backend() != "torch":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        host_memory.keep_freed_host_memory()
 
 
 def _scale_loss_for_distribution(loss):
