@@ -74,12 +74,15 @@ def test_freed_blocks_stay_in_the_heap_and_stop_faulting():
 
 
 def test_opt_out_variable_leaves_malloc_alone(monkeypatch):
+    opened = []
+    monkeypatch.setattr(host_memory.ctypes, "CDLL", lambda *args: opened.append(args))
     monkeypatch.setenv(host_memory.OPT_OUT_VARIABLE, "0")
     host_memory.keep_freed_host_memory.cache_clear()
     try:
         assert host_memory.keep_freed_host_memory() is False
     finally:
         host_memory.keep_freed_host_memory.cache_clear()
+    assert opened == []  # the C library was not even opened
 
 
 def test_training_function_keeps_freed_memory_on_pytorch_without_cuda(monkeypatch):
