@@ -5,6 +5,7 @@ import random
 import keras
 from keras import ops
 
+from keras_avae.ops.channels import split_channels
 from keras_avae.ops.favor import _numpy_orthogonal_features
 from keras_avae.ops.favor import favor_attention
 from keras_avae.ops.favor import favor_feature_map
@@ -171,18 +172,28 @@ class NonLocalBlock(keras.layers.Layer):
         """The 1x1 convolutions `convs` of `inputs`, each as float32 `(B, H*W, channels)`."""
         batch = ops.shape(inputs)[0]
         if all(_is_pointwise(conv) for conv in convs):
-            # A 1x1 convolution is a matrix product over the channels: one
-            # 2-D product per projection (no layout changes on any backend,
-            # and no slicing of a joint product, whose gradient costs more
-            # than the products themselves).
+            # A 1x1 convolution is a matrix product over the channels: 2-D
+            # products, no layout changes on any backend. On TensorFlow and
+            # JAX one per projection (slicing a joint product cost more in
+            # its gradient than the products themselves).
             flat = ops.reshape(inputs, (-1, inputs.shape[-1]))
+            kernels = [ops.reshape(conv.kernel, (inputs.shape[-1], conv.filters)) for conv in convs]
+            biases = [conv.bias for conv in convs] if self.use_bias else []
+            if keras.backend.backend() == "torch" and len(convs) > 1:
+                # One product for all projections, then split: a CPU product
+                # with 8 result columns (`key_dim` of the small entries) ran
+                # 3-4x slower, forward and backward, than one with 16.
+                kernels = [ops.concatenate(kernels, axis=1)]
+                biases = [ops.concatenate(biases, axis=0)] if biases else []
             projected = []
-            for conv in convs:
-                kernel = ops.reshape(conv.kernel, (inputs.shape[-1], conv.filters))
+            for i, kernel in enumerate(kernels):
                 y = ops.matmul(flat, ops.cast(kernel, self.compute_dtype))
-                if self.use_bias:
-                    y = y + ops.cast(conv.bias, self.compute_dtype)
-                projected.append(ops.reshape(y, (batch, -1, conv.filters)))
+                if biases:
+                    y = y + ops.cast(biases[i], self.compute_dtype)
+                projected.append(y)
+            if len(projected) < len(convs):
+                projected = split_channels(projected[0], [conv.filters for conv in convs])
+            projected = [ops.reshape(y, (batch, -1, y.shape[-1])) for y in projected]
         else:  # projections changed by a subclass (see `_conv`)
             projected = [ops.reshape(conv(inputs), (batch, -1, conv.filters)) for conv in convs]
         # Float32 from here: the logits, softmax (or FAVOR+ features) and the

@@ -272,31 +272,34 @@ def _single_head_attention(query, key, value, random_features, kernel, scale, ep
     batch, length = ops.shape(value)[0], ops.shape(value)[1]
     value_dim = value.shape[-1]
     values_and_ones = ops.concatenate([value, ops.ones((batch, length, 1), dtype="float32")], axis=-1)
-    # Both products with the small (d_v + 1) axis as rows, `(kv)^T` and
-    # `(phi(Q) kv)^T`: CPU matrix products whose result has a handful of
-    # columns run slowly (the two products alone, forward and backward at
-    # 32x32 positions, 2-core CPU: about 2x faster so on PyTorch, 1.4-1.6x
-    # on JAX, 1.1-1.2x on TensorFlow, `benchmarks/favor_product_layout.py`;
-    # whole torch attentive steps showed no gain).
+    # The small (d_v + 1) axis as rows, `(kv)^T` (and on TensorFlow and JAX
+    # `(phi(Q) kv)^T` too): CPU matrix products whose result has a handful
+    # of columns run slowly (the two products alone, forward and backward
+    # at 32x32 positions and d_v + 1 = 5, 2-core CPU: about 2x faster so on
+    # PyTorch, 1.4-1.6x on JAX, 1.1-1.2x on TensorFlow,
+    # `benchmarks/favor_product_layout.py --values 5`).
     kv_t = _batch_matmul(values_and_ones, k_prime, transpose_a=True)  # (B, d_v + 1, m)
     if valid is None:
         kv_t = kv_t + eps * ops.expand_dims(ops.sum(values_and_ones, axis=1), -1)
     if value_map is not None:
         kv_t = ops.matmul(value_map, kv_t)  # (B, d_out + 1, m)
         value_dim = value_map.shape[0] - 1
+    q_prime = _feature_map(query, random_features, kernel, True, scale, 0.0, normalise=False)
     if keras.backend.backend() == "torch":
-        # The query features laid out `(B, m, T)` from the start: the
-        # gradient torch computes for a transposed view is itself a view,
-        # and the backward passes over the features then read it strided
-        # (about 1.6% of a torch `mnist-attentive-small` step, paired in
-        # one process; on JAX this layout was 4-5% slower).
-        q_prime_t = _query_features_transposed(query, random_features, kernel, scale)
-        out_t = ops.matmul(kv_t, q_prime_t)
+        # `(B, T, d_v + 1)` straight from the product: a transposed result
+        # is a strided view on torch, and the elementwise ops that mix it
+        # with contiguous tensors (the caller's residual, the gradients)
+        # are slow: adding a transposed (32, 1024, 36) tensor to a
+        # contiguous one took 1.8 ms against 0.1 ms for two contiguous
+        # ones, where this product costs about 0.7 ms more than `(kv^T
+        # phi(Q)^T)` (2-core CPU).
+        out = ops.matmul(q_prime, ops.transpose(kv_t, (0, 2, 1)))
+        out = out + eps * ops.expand_dims(ops.sum(kv_t, axis=2), 1)
     else:
-        q_prime = _feature_map(query, random_features, kernel, True, scale, 0.0, normalise=False)
         out_t = _batch_matmul(kv_t, q_prime, transpose_b=True)
-    out_t = out_t + eps * ops.sum(kv_t, axis=2, keepdims=True)
-    numerator, denominator = split_channels(ops.transpose(out_t, (0, 2, 1)), [value_dim, 1])
+        out_t = out_t + eps * ops.sum(kv_t, axis=2, keepdims=True)
+        out = ops.transpose(out_t, (0, 2, 1))
+    numerator, denominator = split_channels(out, [value_dim, 1])
     # Features are non-negative, so the normaliser is zero only when every
     # term of the numerator is zero too (no valid key): return 0, not NaN.
     denominator = ops.where(denominator > 0, denominator, ops.ones_like(denominator))
@@ -332,13 +335,6 @@ def _value_map(value_kernel, value_bias, value_dim):
     return ops.concatenate([top, ones_row], axis=0)
 
 
-def _query_features_transposed(query, random_features, kernel, scale):
-    """`_feature_map` of `(B, T, d)` queries (no `eps`, not normalised), laid out `(B, m, T)`."""
-    _, weights = _scaled_random_features(random_features, scale, query.shape[-1])
-    projection = ops.matmul(weights, ops.transpose(ops.cast(query, "float32"), (0, 2, 1)))  # (B, m, T)
-    return _unmasked_query_features(projection, kernel, feature_axis=1)
-
-
 def _scaled_random_features(random_features, scale, dim):
     """The logit scale (default `1 / sqrt(dim)`) and `sqrt(scale) W` in float32.
 
@@ -350,14 +346,14 @@ def _scaled_random_features(random_features, scale, dim):
     return scale, ops.cast(random_features, "float32") * math.sqrt(scale)
 
 
-def _unmasked_query_features(projection, kernel, feature_axis=-1):
+def _unmasked_query_features(projection, kernel):
     """Features from `projection = W x` for queries without a mask (and for any ReLU features)."""
     if kernel == "relu":
         return ops.relu(projection)
     # The query stabiliser is the maximum over the features of
     # `W x - s |x|^2 / 2`; the second term is constant along them, so it
     # cancels and `exponent - stabiliser = W x - max(W x)` exactly.
-    return ops.exp(projection - ops.stop_gradient(ops.max(projection, axis=feature_axis, keepdims=True)))
+    return ops.exp(projection - ops.stop_gradient(ops.max(projection, axis=-1, keepdims=True)))
 
 
 def _batch_matmul(a, b, transpose_a=False, transpose_b=False):
