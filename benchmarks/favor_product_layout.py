@@ -100,5 +100,6 @@ def main(argv=None):
         f"speed-up over columns: rows {times['columns'] / times['rows']:.2f}x, mixed {times['columns'] / times['mixed']:.2f}x"
     )
 
+
 if __name__ == "__main__":
     main()
