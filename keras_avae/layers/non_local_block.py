@@ -178,24 +178,22 @@ class NonLocalBlock(keras.layers.Layer):
             # its gradient than the products themselves).
             flat = ops.reshape(inputs, (-1, inputs.shape[-1]))
 
-            def product(kernels, biases):
-                """`flat` times the kernels side by side (one matrix product), plus the biases."""
-                join = lambda parts, axis: parts[0] if len(parts) == 1 else ops.concatenate(parts, axis)  # noqa: E731
-                y = ops.matmul(flat, ops.cast(join(kernels, 1), self.compute_dtype))
-                if self.use_bias:
-                    y = y + ops.cast(join(biases, 0), self.compute_dtype)
-                return y
+            def product(kernel, bias):
+                y = ops.matmul(flat, ops.cast(kernel, self.compute_dtype))
+                return y if bias is None else y + ops.cast(bias, self.compute_dtype)
 
             kernels = [ops.reshape(conv.kernel, (inputs.shape[-1], conv.filters)) for conv in convs]
-            biases = [conv.bias for conv in convs]
+            biases = [conv.bias if self.use_bias else None for conv in convs]
             if keras.backend.backend() == "torch":
                 # One product for all projections, then split: two CPU
                 # products with 8 result columns (`key_dim` of the small
                 # entries) took 2.8-3.7x as long, forward and backward, as
                 # one with 16.
-                projected = split_channels(product(kernels, biases), [conv.filters for conv in convs])
+                joint_bias = ops.concatenate(biases, axis=0) if self.use_bias else None
+                joint = product(ops.concatenate(kernels, axis=1), joint_bias)
+                projected = split_channels(joint, [conv.filters for conv in convs])
             else:
-                projected = [product([k], [b]) for k, b in zip(kernels, biases)]
+                projected = [product(k, b) for k, b in zip(kernels, biases)]
             projected = [ops.reshape(y, (batch, -1, y.shape[-1])) for y in projected]
         else:  # projections changed by a subclass (see `_conv`)
             projected = [ops.reshape(conv(inputs), (batch, -1, conv.filters)) for conv in convs]
