@@ -308,6 +308,8 @@ def test_demo_scores_the_shipped_sample_and_draws_grids(tmp_path, capsys, name, 
     # latent draws differ by about a nat.
     gain = card["shipped_sample_nelbo_nats"] - nll
     assert -2 < gain < 15, (nll, card["shipped_sample_nelbo_nats"])
+    card_line = f"{card['test_nll_nats']:.2f} nats on {card['test_images']} test images with K={card['importance_samples']};"
+    assert card_line in printed
     assert f"{card['shipped_sample_nelbo_nats']:.2f} nats on the 100 shipped images" in printed
 
     samples = decode_png((out_dir / "samples.png").read_bytes())

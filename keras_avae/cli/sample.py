@@ -97,7 +97,8 @@ def _cmd_demo(args):
     print(f"  ELBO      {figures['elbo_nats']:.2f} nats")
     if card:
         print(
-            f"  model card: {card['test_nll_nats']:.2f} nats on {card['test_images']} test images; negative ELBO "
+            f"  model card: {card['test_nll_nats']:.2f} nats on {card['test_images']} test images with "
+            f"K={card['importance_samples']}; negative ELBO "
             f"{card['shipped_sample_nelbo_nats']:.2f} nats on the 100 shipped images"
         )
     print(f"Wrote {os.path.join(args.out, 'samples.png')} (64 samples) and")
