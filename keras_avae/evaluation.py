@@ -9,7 +9,6 @@ of any size with any K gets its answer instead of being killed.
 full MNIST evaluation with K = 100 takes hours on a CPU.
 """
 
-import contextlib
 import json
 import math
 import os
@@ -20,6 +19,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_avae import inference_passes
 from keras_avae._validation import check_images
 from keras_avae._validation import check_positive_int
 from keras_avae._validation import concrete_numpy
@@ -72,30 +72,17 @@ def importance_sampled_log_likelihood(model, x, num_samples=100, chunk_size=None
     images_per_pass = max(1, min(batch, max_rows // chunk_size))
     log_weights = _compiled_log_weights(model)
     estimates = []
-    with _no_gradients():
-        for start in range(0, batch, images_per_pass):
-            images = ops.convert_to_tensor(x[start : start + images_per_pass])
-            chunks, done = [], 0
-            while done < num_samples:
-                k = min(chunk_size, num_samples - done)
-                chunks.append(np.asarray(ops.convert_to_numpy(log_weights(images, k)), np.float64))
-                done += k
-            log_w = np.concatenate(chunks, axis=1)
-            peak = log_w.max(axis=1, keepdims=True)
-            estimates.append(peak[:, 0] + np.log(np.exp(log_w - peak).sum(axis=1)) - math.log(num_samples))
+    for start in range(0, batch, images_per_pass):
+        images = ops.convert_to_tensor(x[start : start + images_per_pass])
+        chunks, done = [], 0
+        while done < num_samples:
+            k = min(chunk_size, num_samples - done)
+            chunks.append(np.asarray(ops.convert_to_numpy(log_weights(images, k)), np.float64))
+            done += k
+        log_w = np.concatenate(chunks, axis=1)
+        peak = log_w.max(axis=1, keepdims=True)
+        estimates.append(peak[:, 0] + np.log(np.exp(log_w - peak).sum(axis=1)) - math.log(num_samples))
     return np.concatenate(estimates)
-
-
-def _no_gradients():
-    """No autograd graph on PyTorch: evaluation runs eagerly there, and a
-    recorded graph keeps every activation of a pass alive (the paper-size
-    OMNIGLOT model ran out of an 80 GB GPU at 1,000 image-samples per pass)."""
-    if keras.backend.backend() == "torch":
-        import torch
-
-        return torch.no_grad()
-    return contextlib.nullcontext()
-
 
 
 def _checked_images(model, x, name):
@@ -197,63 +184,26 @@ def _compiled_log_weights(model):
     Evaluation draws millions of samples; eager execution runs the top-down
     pass several times slower than the compiled graph
     (`benchmarks/evaluation_speed.py`). TensorFlow compiles with XLA, JAX with
-    `jax.jit` over the model's variables; PyTorch runs eagerly. The bottom-up
-    pass is recomputed per chunk inside the compiled function: it is cheap
-    next to `k` top-down passes and keeps one compiled function per shape.
+    `jax.jit` over the model's variables; PyTorch runs eagerly, without
+    autograd (`keras_avae.inference_passes`). The bottom-up pass is
+    recomputed per chunk inside the compiled function: it is cheap next to
+    `k` top-down passes and keeps one compiled function per shape.
     """
 
     def log_weights(x, k):
         return model.log_weights(x, model.bottom_up(x, training=False), k)
 
-    backend = keras.backend.backend()
-    if backend not in ("tensorflow", "jax"):
-        return log_weights
+    if keras.backend.backend() != "tensorflow":
+        return inference_passes.inference_pass(model, "log_weights", log_weights, static_argnums=(1,))
     compiled = getattr(model, "_keras_avae_compiled_log_weights", None)
     if compiled is None:
-        if backend == "tensorflow":
-            import tensorflow as tf
+        import tensorflow as tf
 
-            compiled = tf.function(log_weights, jit_compile=True, reduce_retracing=True)
-        else:
-            compiled = _jax_stateless_jit(model, log_weights)
+        compiled = tf.function(log_weights, jit_compile=True, reduce_retracing=True)
         # Cached on the model so repeated calls reuse the traced functions;
         # `object.__setattr__` keeps it out of Keras' attribute tracking.
         object.__setattr__(model, "_keras_avae_compiled_log_weights", compiled)
     return compiled
-
-
-def _jax_stateless_jit(model, fn):
-    """`jax.jit` of `fn(x, k)` with the model's variables passed as values.
-
-    JAX traces pure functions, so, as Keras' own JAX trainer does, the
-    variables go in through a `keras.StatelessScope` and the non-trainable
-    ones come back out and are assigned: the seed states the call advanced,
-    so successive calls draw fresh samples.
-    """
-    import jax
-
-    # Every variable must exist before tracing: one created inside the
-    # traced function would hold a tracer once the trace ends.
-    if not model.built:
-        model.build()
-    trainable = list(model.trainable_variables)
-    non_trainable = list(model.non_trainable_variables)
-
-    def pure(trainable_values, non_trainable_values, x, k):
-        mapping = list(zip(trainable, trainable_values)) + list(zip(non_trainable, non_trainable_values))
-        with keras.StatelessScope(state_mapping=mapping) as scope:
-            out = fn(x, k)
-        return out, [scope.get_current_value(v) for v in non_trainable]
-
-    jitted = jax.jit(pure, static_argnums=3)
-
-    def call(x, k):
-        out, updated = jitted([v.value for v in trainable], [v.value for v in non_trainable], x, k)
-        for variable, value in zip(non_trainable, updated):
-            variable.assign(value)
-        return out
-
-    return call
 
 
 def bits_per_dim(nats, num_dims):
@@ -372,13 +322,22 @@ def score_batches(
 def _elbo(model, x):
     """Per-image ELBO in nats, `(B,)`, in passes of at most `_max_rows_per_pass(model)` images."""
     step = _max_rows_per_pass(model)
+    negative_elbo = inference_passes.inference_pass(model, "negative_elbo", _negative_elbo_pass(model))
     parts = []
-    with _no_gradients():
-        for start in range(0, len(x), step):
-            out = model(ops.convert_to_tensor(x[start : start + step]), training=False)
-            nll = np.asarray(ops.convert_to_numpy(out["nll"]), np.float64)
-            parts.append(-(nll + np.asarray(ops.convert_to_numpy(out["kl"]), np.float64)))
+    for start in range(0, len(x), step):
+        nll, kl = negative_elbo(ops.convert_to_tensor(x[start : start + step]))
+        # Summed in float64 on the host, as before the pass was compiled.
+        nll, kl = (np.asarray(ops.convert_to_numpy(term), np.float64) for term in (nll, kl))
+        parts.append(-(nll + kl))
     return np.concatenate(parts)
+
+
+def _negative_elbo_pass(model):
+    def negative_elbo(x):
+        out = model(x, training=False)
+        return out["nll"], out["kl"]
+
+    return negative_elbo
 
 
 def _reseed(model, seed, batch_index):

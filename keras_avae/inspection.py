@@ -29,6 +29,7 @@ import numbers
 import numpy as np
 from keras import ops
 
+from keras_avae import inference_passes
 from keras_avae._validation import check_positive_int
 from keras_avae._validation import to_numpy
 from keras_avae.keras_compat import nested_layers
@@ -80,9 +81,8 @@ def kl_per_layer(model, x, batch_size=100):
     (10, 4)
     """
     x = _checked(model, x, hierarchical=False)
-    return np.concatenate(
-        [to_numpy(model(ops.convert_to_tensor(b), training=False)["kl_per_layer"]) for b in _batches(x, batch_size)]
-    ).astype(np.float32)
+    kls = inference_passes.inference_pass(model, "kl_per_layer", lambda b: model(b, training=False)["kl_per_layer"])
+    return np.concatenate([to_numpy(kls(ops.convert_to_tensor(b))) for b in _batches(x, batch_size)]).astype(np.float32)
 
 
 def active_units(model, x, threshold=0.01, num_samples=8, batch_size=100):
@@ -183,9 +183,14 @@ def depthwise_attention(model, x, batch_size=100):
         )
     L = model.num_layers
     collected = {kind: [[] for _ in range(L)] for kind in kinds}
+
+    def attention_pass(b):
+        result = model.top_down(model.bottom_up(b, training=False), training=False, return_attention=True)
+        return {f"{kind}_attention": result[f"{kind}_attention"] for kind in kinds}
+
+    attention = inference_passes.inference_pass(model, "depthwise_attention", attention_pass)
     for b in _batches(x, batch_size):
-        features = model.bottom_up(ops.convert_to_tensor(b), training=False)
-        result = model.top_down(features, training=False, return_attention=True)
+        result = attention(ops.convert_to_tensor(b))
         for kind in kinds:
             for layer, scores in enumerate(result[f"{kind}_attention"]):
                 if scores is not None:

@@ -50,6 +50,20 @@ def test_evaluation_speed_benchmark_runs():
     assert float(cells[2]) > 0 and float(cells[3]) > 0
 
 
+@pytest.mark.skipif(
+    os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
+    reason="a smoke test of the script, run once: on JAX its two processes compile for 80 s",
+)
+def test_inference_speed_benchmark_runs():
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "inference_speed.py"), "--tiny"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ")][1:]
+    assert [row[0].strip() for row in rows] == ["reconstruct", "encode", "sample", "elbo", "kl_per_layer"]
+    for row in rows:
+        assert all(float(cell) > 0 for cell in row[1:5]) and all(cell.strip().endswith("x") for cell in row[5:])
+
+
 def _run_train_throughput(*extra):
     command = [sys.executable, os.path.join(ROOT, "benchmarks", "train_throughput.py")]
     command += ["--quick", "--entries", "mnist-baseline-small", *extra]

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_avae import inference_passes
 from keras_avae._validation import check_positive_int
 from keras_avae._validation import check_temperature
 from keras_avae._validation import to_numpy
@@ -58,8 +59,7 @@ class HierarchicalInference:
             `keras.Model.predict` does.
         """
         x = self._check_images(x)
-        result = self.top_down(self.bottom_up(x, training=False), training=False, return_latents=True)
-        return to_numpy(result["latents"] if sample else result["posterior_means"])
+        return to_numpy(self._inference_pass("encode", self._encode_pass, static_argnums=(1,))(x, bool(sample)))
 
     def reconstruct(self, x, mode="mean"):
         """Decodes a posterior sample of each image: the mean (or a sample) of p(x|z).
@@ -74,8 +74,7 @@ class HierarchicalInference:
         if mode not in ("mean", "sample"):
             raise ValueError(f"`mode` must be 'mean' or 'sample'. Received: mode={mode!r}")
         x = self._check_images(x)
-        result = self.top_down(self.bottom_up(x, training=False), training=False)
-        return to_numpy(self._data_mean_or_sample(result["decoded"], mode))
+        return to_numpy(self._inference_pass("reconstruct", self._reconstruct_pass, static_argnums=(1,))(x, mode))
 
     def sample(self, num_samples, temperature=1.0, mode="mean", readjust_batch_norm=False, readjust_steps=20):
         """Draws images from the prior.
@@ -109,8 +108,9 @@ class HierarchicalInference:
             readjust_steps = check_positive_int(readjust_steps, "readjust_steps")
             with readjusted_batch_norm(self, temperature, steps=readjust_steps):
                 return self.sample(num_samples, temperature, mode)
-        result = self.top_down(batch_size=num_samples, training=False, temperature=temperature)
-        return to_numpy(self._data_mean_or_sample(result["decoded"], mode))
+        # The temperature is not static: one compiled pass serves every temperature.
+        sample = self._inference_pass("sample", self._sample_pass, static_argnums=(0, 2))
+        return to_numpy(sample(num_samples, float(temperature), mode))
 
     def interpolate(self, x_a, x_b, steps=8, mode="mean"):
         """Images decoded along straight lines between the posterior means of `x_a` and `x_b`.
@@ -142,9 +142,28 @@ class HierarchicalInference:
             ((1 - t) * a[:, None] + t * b[:, None]).reshape((-1,) + a.shape[1:])
             for a, b in zip(self.encode(x_a), self.encode(x_b))
         ]
-        decoded = self.top_down(latents=latents, training=False)["decoded"]
-        images = to_numpy(self._data_mean_or_sample(decoded, mode)).reshape((len(x_a), steps) + x_a.shape[1:])
+        decode = self._inference_pass("decode", self._decode_pass, static_argnums=(1,))
+        images = to_numpy(decode(latents, mode)).reshape((len(x_a), steps) + x_a.shape[1:])
         return images[0] if single else images
+
+    # === The passes (compiled once per shape on JAX; see `inference_passes`) ===
+    def _inference_pass(self, name, fn, static_argnums=()):
+        return inference_passes.inference_pass(self, name, fn, static_argnums)
+
+    def _encode_pass(self, x, sample):
+        result = self.top_down(self.bottom_up(x, training=False), training=False, return_latents=True)
+        return result["latents"] if sample else result["posterior_means"]
+
+    def _reconstruct_pass(self, x, mode):
+        result = self.top_down(self.bottom_up(x, training=False), training=False)
+        return self._data_mean_or_sample(result["decoded"], mode)
+
+    def _sample_pass(self, num_samples, temperature, mode):
+        result = self.top_down(batch_size=num_samples, training=False, temperature=temperature)
+        return self._data_mean_or_sample(result["decoded"], mode)
+
+    def _decode_pass(self, latents, mode):
+        return self._data_mean_or_sample(self.top_down(latents=latents, training=False)["decoded"], mode)
 
     def _activation_floats_per_sample(self):
         """Size of what one image-sample's pass holds, for evaluation's memory budget.

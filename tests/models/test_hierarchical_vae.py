@@ -4,6 +4,7 @@ training, importance sampling and saving, on tiny configs."""
 import keras
 import numpy as np
 import pytest
+from keras import ops
 
 from keras_avae.evaluation import _compiled_log_weights
 from keras_avae.layers.depthwise_attend import DepthwiseAttend
@@ -186,6 +187,50 @@ class TestHierarchicalVAE(TestCase):
             model.reconstruct(np.full((2, 8, 8, 1), 3.0, "float32"))
         with pytest.raises(ValueError, match="temperature"):
             model.sample(2, temperature=0.0)
+
+    def test_inference_methods_draw_what_their_eager_passes_draw(self):
+        # On JAX the methods run one `jax.jit` of each pass (`inference_passes`):
+        # from the same seed state it must draw the samples the eager pass
+        # draws, and leave the state where the eager pass leaves it.
+        model = HierarchicalVAE(**TINY)
+        model.build()
+        x = shapes_batch(3)
+        calls = {
+            "encode": (lambda: model.encode(x, sample=True), lambda: model._encode_pass(x, True)),
+            "reconstruct": (lambda: model.reconstruct(x), lambda: model._reconstruct_pass(x, "mean")),
+            "sample": (lambda: model.sample(4, temperature=0.7), lambda: model._sample_pass(4, 0.7, "mean")),
+        }
+        for name, (method, eager) in calls.items():
+            reset_seed(model, 5)
+            actual, state = method(), to_numpy(model.seed_generator.state)
+            reset_seed(model, 5)
+            expected = to_numpy(eager())
+            self.assertAllClose(actual, expected, atol=1e-5, rtol=1e-5, msg=name)
+            np.testing.assert_array_equal(state, to_numpy(model.seed_generator.state), err_msg=name)
+
+    def test_one_sampling_pass_serves_every_temperature(self, monkeypatch):
+        model = HierarchicalVAE(**TINY)
+        model.build()
+        passes = []
+        top_down = model.top_down
+
+        def counting(*args, **kwargs):
+            passes.append(kwargs.get("batch_size"))
+            return top_down(*args, **kwargs)
+
+        monkeypatch.setattr(model, "top_down", counting)
+        drawn = {}
+        for temperature in (0.5, 0.9, 0.5):
+            reset_seed(model, 5)
+            drawn[temperature] = model.sample(2, temperature=temperature)
+        model.sample(3, temperature=0.9)
+        # JAX traces the pass once per number of images, whatever the
+        # temperature; the other backends run it eagerly every call.
+        assert passes == ([2, 3] if keras.backend.backend() == "jax" else [2, 2, 2, 3]), passes
+        reset_seed(model, 5)
+        eager = to_numpy(top_down(batch_size=2, training=False, temperature=0.9)["decoded"])
+        self.assertAllClose(drawn[0.9], to_numpy(ops.sigmoid(model.data_distribution_params(eager))), atol=1e-5)
+        assert not np.allclose(drawn[0.5], drawn[0.9])
 
     def test_logistic_mixture_model(self):
         config = dict(TINY, image_shape=(8, 8, 3), likelihood="logistic_mixture", num_mixtures=2)

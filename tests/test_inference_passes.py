@@ -1,0 +1,64 @@
+"""`inference_pass`: one compiled function per shape on JAX, no autograd graph on PyTorch."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_avae.inference_passes import inference_pass
+
+BACKEND = keras.backend.backend()
+
+
+def dense_model():
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, kernel_initializer="ones")])
+
+
+def test_a_pass_computes_what_its_function_computes_and_jax_traces_it_once_per_shape():
+    model = dense_model()
+    traced = []
+
+    def double(x):
+        traced.append(tuple(x.shape))
+        return 2 * model(x)
+
+    double_pass = inference_pass(model, "double", double)
+    for x in (np.ones((1, 3), "float32"), np.full((1, 3), 2.0, "float32"), np.ones((4, 3), "float32")):
+        out = np.asarray(keras.ops.convert_to_numpy(double_pass(x)))
+        np.testing.assert_allclose(out, 2 * x.sum(axis=1, keepdims=True).repeat(2, axis=1))
+    assert traced == ([(1, 3), (4, 3)] if BACKEND == "jax" else [(1, 3), (1, 3), (4, 3)])
+    # The pass is kept on the model under its name.
+    assert inference_pass(model, "double", lambda x: -model(x)) is double_pass or BACKEND == "tensorflow"
+
+
+def test_a_static_argument_is_a_python_value_inside_the_pass():
+    model = dense_model()
+    scaled = inference_pass(model, "scaled", lambda x, how: model(x) * (3.0 if how == "triple" else 1.0), (1,))
+    x = np.ones((1, 3), "float32")
+    triple = np.asarray(keras.ops.convert_to_numpy(scaled(x, "triple")))
+    same = np.asarray(keras.ops.convert_to_numpy(scaled(x, "same")))
+    np.testing.assert_allclose(triple, 3 * same)
+
+
+def test_seed_states_advance_as_in_eager_calls():
+    model = dense_model()
+    model.seed_generator = keras.random.SeedGenerator(3)
+    noisy = lambda x: model(x) + keras.random.normal((1, 2), seed=model.seed_generator)  # noqa: E731
+    compiled = inference_pass(model, "noisy", noisy)
+    x = np.zeros((1, 3), "float32")
+    state = keras.ops.convert_to_numpy(model.seed_generator.state).copy()
+    first, second = (np.asarray(keras.ops.convert_to_numpy(compiled(x))) for _ in range(2))
+    model.seed_generator.state.assign(state)
+    eager_first, eager_second = (np.asarray(keras.ops.convert_to_numpy(noisy(x))) for _ in range(2))
+    np.testing.assert_allclose(first, eager_first, atol=1e-6)
+    np.testing.assert_allclose(second, eager_second, atol=1e-6)
+    assert not np.allclose(first, second)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="only PyTorch records gradients outside a training step")
+def test_torch_passes_record_no_autograd_graph():
+    import torch
+
+    model = dense_model()
+    out = inference_pass(model, "plain", lambda x: model(x))(np.ones((1, 3), "float32"))
+    assert not out.requires_grad and out.grad_fn is None
+    assert torch.is_grad_enabled()
