@@ -455,12 +455,19 @@ TF_LOG_LINE = re.compile(r"^[IWEF]\d{4} |absl::InitializeLog|oneDNN|cuda", re.IG
 @pytest.mark.skipif(BACKEND == "torch", reason="zoo models are supported on TensorFlow and JAX")
 def test_commands_print_no_backend_log_lines_unless_asked(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    if BACKEND == "jax":
+        # Without a JAX cache of the user's, the command keeps its compiled
+        # programs in the user's cache folder (quietly too).
+        env = {k: v for k, v in env.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+        env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
     command = [sys.executable, "-m", "keras_avae.cli", "sample", "mnist-gumbel-small", "--weights", "pretrained"]
     quiet = subprocess.run(
         command + ["--num", "2", "--out", str(tmp_path / "q.png")], capture_output=True, text=True, env=env, timeout=300
     )
     assert quiet.returncode == 0, quiet.stderr[-2000:]
     assert quiet.stderr.splitlines() == [f"Wrote 2 samples to {tmp_path / 'q.png'}"], quiet.stderr
+    if BACKEND == "jax":
+        assert len(os.listdir(tmp_path / "cache" / "keras-avae" / "jax")) > 10
     if BACKEND == "tensorflow":
         # The check sees the lines when they are there: --backend-logs shows them.
         loud = subprocess.run(
@@ -472,6 +479,18 @@ def test_commands_print_no_backend_log_lines_unless_asked(tmp_path):
         )
         assert loud.returncode == 0, loud.stderr[-2000:]
         assert any(TF_LOG_LINE.search(line) for line in loud.stderr.splitlines()), loud.stderr
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX's compilation cache")
+def test_a_jax_cache_the_user_configured_is_kept():
+    import jax
+
+    from keras_avae.cli.backend import _keep_compiled_jax_programs
+
+    configured = jax.config.jax_compilation_cache_dir  # the test session's JAX_COMPILATION_CACHE_DIR
+    assert configured
+    _keep_compiled_jax_programs()
+    assert jax.config.jax_compilation_cache_dir == configured
 
 
 @pytest.mark.parametrize(
