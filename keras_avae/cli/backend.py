@@ -70,7 +70,7 @@ def _keep_compiled_jax_programs():
     """Turns on JAX's persistent compilation cache for the command, unless the user configured it.
 
     Eager JAX compiles every primitive and weight shape it meets, and every
-    jitted pass, in each new process: `keras-avae demo` took 39 s, and 15 s
+    jitted pass, in each new process: `keras-avae demo` took 38 s, and 15 s
     when run again with the cache (2.6 MB of programs; 2-core CPU). Called
     before anything is compiled; the folder is
     `$XDG_CACHE_HOME/keras-avae/jax` (`~/.cache/...`). A
