@@ -15,7 +15,6 @@ import os
 import pathlib
 import time
 
-import keras
 import numpy as np
 from keras import ops
 
@@ -193,17 +192,7 @@ def _compiled_log_weights(model):
     def log_weights(x, k):
         return model.log_weights(x, model.bottom_up(x, training=False), k)
 
-    if keras.backend.backend() != "tensorflow":
-        return inference_passes.inference_pass(model, "log_weights", log_weights, static_argnums=(1,))
-    compiled = getattr(model, "_keras_avae_compiled_log_weights", None)
-    if compiled is None:
-        import tensorflow as tf
-
-        compiled = tf.function(log_weights, jit_compile=True, reduce_retracing=True)
-        # Cached on the model so repeated calls reuse the traced functions;
-        # `object.__setattr__` keeps it out of Keras' attribute tracking.
-        object.__setattr__(model, "_keras_avae_compiled_log_weights", compiled)
-    return compiled
+    return inference_passes.inference_pass(model, "log_weights", log_weights, (1,), xla_on_tensorflow=True)
 
 
 def bits_per_dim(nats, num_dims):
@@ -322,22 +311,17 @@ def score_batches(
 def _elbo(model, x):
     """Per-image ELBO in nats, `(B,)`, in passes of at most `_max_rows_per_pass(model)` images."""
     step = _max_rows_per_pass(model)
-    negative_elbo = inference_passes.inference_pass(model, "negative_elbo", _negative_elbo_pass(model))
+    terms = inference_passes.inference_pass(model, "elbo_terms", lambda b: _elbo_terms(model(b, training=False)))
     parts = []
     for start in range(0, len(x), step):
-        nll, kl = negative_elbo(ops.convert_to_tensor(x[start : start + step]))
-        # Summed in float64 on the host, as before the pass was compiled.
-        nll, kl = (np.asarray(ops.convert_to_numpy(term), np.float64) for term in (nll, kl))
-        parts.append(-(nll + kl))
+        batch_terms = terms(ops.convert_to_tensor(x[start : start + step]))
+        nll, kl = (np.asarray(ops.convert_to_numpy(t), np.float64) for t in batch_terms)
+        parts.append(-(nll + kl))  # summed in float64 on the host
     return np.concatenate(parts)
 
 
-def _negative_elbo_pass(model):
-    def negative_elbo(x):
-        out = model(x, training=False)
-        return out["nll"], out["kl"]
-
-    return negative_elbo
+def _elbo_terms(out):
+    return out["nll"], out["kl"]
 
 
 def _reseed(model, seed, batch_index):

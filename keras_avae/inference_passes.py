@@ -5,10 +5,11 @@ first eager `reconstruct` of 32 images by `mnist-attentive-small` compiles
 about a thousand of them and takes several times longer than one `jax.jit`
 of the whole pass, which is also faster on every later call. Eager
 TensorFlow runs precompiled kernels, and tracing a `tf.function` costs
-more than a one-off pass gains, so passes stay eager there. Eager PyTorch
-would record an autograd graph that keeps every activation alive, so the
-passes run under `torch.no_grad()`. `benchmarks/inference_speed.py` prints
-the figures.
+more than a one-off pass gains, so passes stay eager there unless they ask
+for XLA (importance sampling, which runs its pass thousands of times).
+Eager PyTorch would record an autograd graph that keeps every activation
+alive, so the passes run under `torch.no_grad()`.
+`benchmarks/inference_speed.py` prints the figures.
 """
 
 import contextlib
@@ -16,7 +17,7 @@ import contextlib
 import keras
 
 
-def inference_pass(model, name, fn, static_argnums=()):
+def inference_pass(model, name, fn, static_argnums=(), xla_on_tensorflow=False):
     """`fn` for `model` as a pass without gradients, compiled on JAX.
 
     Args:
@@ -28,11 +29,14 @@ def inference_pass(model, name, fn, static_argnums=()):
         static_argnums: the positions of the arguments that are Python
             values (ints, strings, bools), hashed into the compiled
             function; the other arguments are arrays.
+        xla_on_tensorflow: compile on TensorFlow too, with XLA (for passes
+            run many times, such as importance sampling's).
 
     Returns:
         A callable with `fn`'s arguments. On JAX, `jax.jit` over the
         model's variables (see `_jax_stateless_jit`); on PyTorch, `fn`
-        under `torch.no_grad()`; on TensorFlow, `fn` itself.
+        under `torch.no_grad()`; on TensorFlow, `fn` itself, or its XLA
+        `tf.function` with `xla_on_tensorflow`.
 
     Example:
 
@@ -43,7 +47,7 @@ def inference_pass(model, name, fn, static_argnums=()):
     (1, 2)
     """
     backend = keras.backend.backend()
-    if backend == "tensorflow":
+    if backend == "tensorflow" and not xla_on_tensorflow:
         return fn
     cache = model.__dict__.get("_keras_avae_inference_passes")
     if cache is None:
@@ -53,6 +57,10 @@ def inference_pass(model, name, fn, static_argnums=()):
     if name not in cache:
         if backend == "jax":
             cache[name] = _jax_stateless_jit(model, fn, static_argnums)
+        elif backend == "tensorflow":
+            import tensorflow as tf
+
+            cache[name] = tf.function(fn, jit_compile=True, reduce_retracing=True)
         else:
 
             def without_gradients(*args):

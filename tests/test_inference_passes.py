@@ -13,21 +13,28 @@ def dense_model():
     return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, kernel_initializer="ones")])
 
 
-def test_a_pass_computes_what_its_function_computes_and_jax_traces_it_once_per_shape():
+@pytest.mark.parametrize("xla_on_tensorflow", [False, True])
+def test_a_pass_computes_what_its_function_computes_and_a_compiled_one_traces_once_per_shape(xla_on_tensorflow):
     model = dense_model()
     traced = []
 
     def double(x):
-        traced.append(tuple(x.shape))
+        traced.append(x.shape)
         return 2 * model(x)
 
-    double_pass = inference_pass(model, "double", double)
+    double_pass = inference_pass(model, "double", double, xla_on_tensorflow=xla_on_tensorflow)
     for x in (np.ones((1, 3), "float32"), np.full((1, 3), 2.0, "float32"), np.ones((4, 3), "float32")):
         out = np.asarray(keras.ops.convert_to_numpy(double_pass(x)))
-        np.testing.assert_allclose(out, 2 * x.sum(axis=1, keepdims=True).repeat(2, axis=1))
-    assert traced == ([(1, 3), (4, 3)] if BACKEND == "jax" else [(1, 3), (1, 3), (4, 3)])
-    # The pass is kept on the model under its name.
-    assert inference_pass(model, "double", lambda x: -model(x)) is double_pass or BACKEND == "tensorflow"
+        np.testing.assert_allclose(out, 2 * x.sum(axis=1, keepdims=True).repeat(2, axis=1), rtol=1e-6)
+    # Compiled (JAX; TensorFlow with XLA): traced for each new shape only.
+    # Eager (PyTorch; TensorFlow without): run each call.
+    compiled = BACKEND == "jax" or (BACKEND == "tensorflow" and xla_on_tensorflow)
+    assert len(traced) == (2 if compiled else 3), traced
+    # The pass is kept on the model under its name, except TensorFlow's
+    # eager passes, which are the functions themselves.
+    negate = lambda x: -model(x)  # noqa: E731
+    again = inference_pass(model, "double", negate, xla_on_tensorflow=xla_on_tensorflow)
+    assert again is (negate if BACKEND == "tensorflow" and not xla_on_tensorflow else double_pass)
 
 
 def test_a_static_argument_is_a_python_value_inside_the_pass():

@@ -59,7 +59,7 @@ class HierarchicalInference:
             `keras.Model.predict` does.
         """
         x = self._check_images(x)
-        return to_numpy(self._inference_pass("encode", self._encode_pass, static_argnums=(1,))(x, bool(sample)))
+        return to_numpy(inference_passes.inference_pass(self, "encode", self._encode_pass, (1,))(x, bool(sample)))
 
     def reconstruct(self, x, mode="mean"):
         """Decodes a posterior sample of each image: the mean (or a sample) of p(x|z).
@@ -74,7 +74,7 @@ class HierarchicalInference:
         if mode not in ("mean", "sample"):
             raise ValueError(f"`mode` must be 'mean' or 'sample'. Received: mode={mode!r}")
         x = self._check_images(x)
-        return to_numpy(self._inference_pass("reconstruct", self._reconstruct_pass, static_argnums=(1,))(x, mode))
+        return to_numpy(inference_passes.inference_pass(self, "reconstruct", self._reconstruct_pass, (1,))(x, mode))
 
     def sample(self, num_samples, temperature=1.0, mode="mean", readjust_batch_norm=False, readjust_steps=20):
         """Draws images from the prior.
@@ -109,7 +109,7 @@ class HierarchicalInference:
             with readjusted_batch_norm(self, temperature, steps=readjust_steps):
                 return self.sample(num_samples, temperature, mode)
         # The temperature is not static: one compiled pass serves every temperature.
-        sample = self._inference_pass("sample", self._sample_pass, static_argnums=(0, 2))
+        sample = inference_passes.inference_pass(self, "sample", self._sample_pass, (0, 2))
         return to_numpy(sample(num_samples, float(temperature), mode))
 
     def interpolate(self, x_a, x_b, steps=8, mode="mean"):
@@ -142,14 +142,11 @@ class HierarchicalInference:
             ((1 - t) * a[:, None] + t * b[:, None]).reshape((-1,) + a.shape[1:])
             for a, b in zip(self.encode(x_a), self.encode(x_b))
         ]
-        decode = self._inference_pass("decode", self._decode_pass, static_argnums=(1,))
+        decode = inference_passes.inference_pass(self, "decode", self._decode_pass, (1,))
         images = to_numpy(decode(latents, mode)).reshape((len(x_a), steps) + x_a.shape[1:])
         return images[0] if single else images
 
     # === The passes (compiled once per shape on JAX; see `inference_passes`) ===
-    def _inference_pass(self, name, fn, static_argnums=()):
-        return inference_passes.inference_pass(self, name, fn, static_argnums)
-
     def _encode_pass(self, x, sample):
         result = self.top_down(self.bottom_up(x, training=False), training=False, return_latents=True)
         return result["latents"] if sample else result["posterior_means"]
