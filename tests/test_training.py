@@ -25,6 +25,7 @@ import pytest
 from keras_avae import training
 from keras_avae import zoo
 from tests.test_case import free_ports
+from tests.training_helper import TINY
 
 BACKEND = keras.backend.backend()
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -453,19 +454,6 @@ def test_make_strategy_arguments():
 # ---------------------------------------------------------------------- #
 # train() end to end, in process
 # ---------------------------------------------------------------------- #
-
-TINY = dict(
-    image_shape=[8, 8, 1],
-    num_layers=2,
-    latent_channels=2,
-    num_scales=1,
-    preprocess_filters=4,
-    decoder_filters=4,
-    preprocess_cells=1,
-    postprocess_cells=1,
-    cells_per_layer=1,
-    crop=0,
-)
 
 
 @pytest.mark.slow
