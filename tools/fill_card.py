@@ -190,8 +190,8 @@ def fill_card(args):
 
     results["shipped_sample_nelbo_nats"] = round(shipped_sample_nelbo(args.name), 4)
     results["shipped_sample_note"] = (
-        "mean negative ELBO on the first 100 test images shipped in keras_avae/data, sampling state (7, 0), "
-        f"TensorFlow, through zoo.load({args.name!r}): python tools/card_sample_figure.py {args.name}"
+        "mean negative ELBO on the first 100 test images shipped in keras_avae/data, every seed state of the model "
+        f"at (7, 0), TensorFlow, through zoo.load({args.name!r}): python tools/card_sample_figure.py {args.name}"
     )
     results["measured"] = args.measured or datetime.date.today().isoformat()
     card_path.write_text(json.dumps(card, indent=2) + "\n")
