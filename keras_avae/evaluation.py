@@ -324,10 +324,14 @@ def _elbo_terms(out):
     return out["nll"], out["kl"]
 
 
+def _seed_states(model):
+    """The state variable of every `SeedGenerator` in `model` (a DiscreteVAE's Gumbel sampler has its own)."""
+    return [v for v in model.non_trainable_variables if v.name == "seed_generator_state"]
+
+
 def _reseed(model, seed, batch_index):
     """Sets every seed state of `model` from `(seed, batch_index)`."""
-    states = [v for v in model.non_trainable_variables if v.name == "seed_generator_state"]
-    for j, state in enumerate(states):
+    for j, state in enumerate(_seed_states(model)):
         # [key, counter]: one key per generator, one counter range per batch.
         key = (seed * 4099 + j) % 2**31
         state.assign(np.array([key, batch_index * _DRAWS_PER_BATCH]).astype(state.dtype))

@@ -14,6 +14,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_avae.evaluation import _seed_states
 from keras_avae.training.distribute import _model_strategy
 from keras_avae.training.distribute import is_chief
 from keras_avae.training.images import save_image_grid
@@ -173,11 +174,6 @@ class KLWarmup(keras.callbacks.Callback):
         if not hasattr(self.model, "kl_weight"):
             raise ValueError(f"KLWarmup needs a model with a `kl_weight` variable. Received: {type(self.model).__name__}")
         self.model.kl_weight.assign(self.beta(epoch))
-
-
-
-def _seed_states(model):
-    return [v for v in model.non_trainable_variables if "seed_generator_state" in v.path]
 
 
 class SampleGrid(keras.callbacks.Callback):

@@ -10,6 +10,7 @@ import pytest
 
 import keras_avae
 from keras_avae import zoo
+from keras_avae.evaluation import _seed_states
 from keras_avae.models import HierarchicalVAE
 
 REPO_ZOO = pathlib.Path(__file__).resolve().parents[2] / "zoo"
@@ -228,7 +229,7 @@ def _log_weights_under_one_sampling_seed(model, x):
     # The same sampling state in every model, so that only the function
     # itself (weights and random features) can make two results differ.
     # (Every seed state: a DiscreteVAE's Gumbel sampler has its own.)
-    for state in [v for v in model.non_trainable_variables if v.name == "seed_generator_state"]:
+    for state in _seed_states(model):
         state.assign(keras.ops.convert_to_tensor(np.array([7, 0]), state.dtype))
     out = model(keras.ops.convert_to_tensor(x), training=False)
     return keras.ops.convert_to_numpy(out["nll"]) + keras.ops.convert_to_numpy(out["kl"])
