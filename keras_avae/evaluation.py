@@ -329,6 +329,19 @@ def _seed_states(model):
     return [v for v in model.non_trainable_variables if v.name == "seed_generator_state"]
 
 
+def _nelbo_under_fixed_seeds(model, x, state=(7, 0)):
+    """Per-image negative ELBO (nats) of one pass with every seed state of `model` at `state`.
+
+    The model cards' `shipped_sample_nelbo_nats` is its mean over the shipped
+    images: with the sampling fixed, only the weights and the FAVOR+
+    features can change it.
+    """
+    for seed_state in _seed_states(model):
+        seed_state.assign(ops.convert_to_tensor(np.array(state), seed_state.dtype))
+    nll, kl = _elbo_terms(model(ops.convert_to_tensor(x), training=False))
+    return ops.convert_to_numpy(nll) + ops.convert_to_numpy(kl)
+
+
 def _reseed(model, seed, batch_index):
     """Sets every seed state of `model` from `(seed, batch_index)`."""
     for j, state in enumerate(_seed_states(model)):

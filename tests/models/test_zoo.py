@@ -10,7 +10,7 @@ import pytest
 
 import keras_avae
 from keras_avae import zoo
-from keras_avae.evaluation import _seed_states
+from keras_avae.evaluation import _nelbo_under_fixed_seeds
 from keras_avae.models import HierarchicalVAE
 
 REPO_ZOO = pathlib.Path(__file__).resolve().parents[2] / "zoo"
@@ -225,16 +225,6 @@ def test_pretrained_weights_score_real_images_like_their_card(name):
     assert elbo_nats(fresh, x) > trained + 100
 
 
-def _log_weights_under_one_sampling_seed(model, x):
-    # The same sampling state in every model, so that only the function
-    # itself (weights and random features) can make two results differ.
-    # (Every seed state: a DiscreteVAE's Gumbel sampler has its own.)
-    for state in _seed_states(model):
-        state.assign(keras.ops.convert_to_tensor(np.array([7, 0]), state.dtype))
-    out = model(keras.ops.convert_to_tensor(x), training=False)
-    return keras.ops.convert_to_numpy(out["nll"]) + keras.ops.convert_to_numpy(out["kl"])
-
-
 @pytest.mark.skipif(
     keras.backend.backend() != "tensorflow",
     reason="the figure was computed on TensorFlow, whose random normals differ from the other backends'",
@@ -248,7 +238,7 @@ def test_shipped_weights_reproduce_their_card_on_the_shipped_images(name):
     card = zoo.describe(name)["results"]
     model = zoo.load(name)
     x = keras_avae.datasets.shipped_sample(zoo.describe(name)["dataset"], 100)
-    nelbo = float(np.mean(_log_weights_under_one_sampling_seed(model, x)))
+    nelbo = float(np.mean(_nelbo_under_fixed_seeds(model, x)))
     np.testing.assert_allclose(nelbo, card["shipped_sample_nelbo_nats"], rtol=2e-7, atol=1e-4)
 
 
@@ -284,20 +274,20 @@ def test_every_default_load_is_the_trained_model(name, tmp_path):
     second = zoo.load(name)
     other_sampling_seed = zoo.load(name, seed=5)
     assert first.nonlocal_feature_seed == zoo.describe(name)["config"]["nonlocal_feature_seed"]
-    expected = _log_weights_under_one_sampling_seed(first, x)
+    expected = _nelbo_under_fixed_seeds(first, x)
     # The keras-hub way: the preset, and a preset folder saved from it.
     preset = HierarchicalVAE.from_preset(name)
     preset.save_to_preset(tmp_path / "preset")
     keras.utils.set_random_seed(4)
     saved_preset = HierarchicalVAE.from_preset(tmp_path / "preset")
     for model in (second, other_sampling_seed, preset, saved_preset):
-        np.testing.assert_allclose(_log_weights_under_one_sampling_seed(model, x), expected, rtol=1e-5)
+        np.testing.assert_allclose(_nelbo_under_fixed_seeds(model, x), expected, rtol=1e-5)
     path = tmp_path / "m.keras"
     first.save(path)
     keras.utils.set_random_seed(3)
     reloaded = keras.models.load_model(path)
     assert reloaded.nonlocal_feature_seed == first.nonlocal_feature_seed
-    np.testing.assert_allclose(_log_weights_under_one_sampling_seed(reloaded, x), expected, rtol=1e-5)
+    np.testing.assert_allclose(_nelbo_under_fixed_seeds(reloaded, x), expected, rtol=1e-5)
 
 
 # ---------------------------------------------------------------------- #
