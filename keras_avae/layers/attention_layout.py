@@ -116,9 +116,10 @@ def fill_rows_without_keys(output, value, query_mask, key_mask, causal, uniform)
 
     A masked query, or one left without a valid key by the key and causal
     masks, gets `MultiHeadAttention`'s softmax of an all-masked row: uniform
-    weights over all keys (the mean of the values) on its default path,
-    zeros on its path with attention dropout (`uniform=False`). FAVOR+
-    itself gives zeros.
+    weights over all keys (the mean of the values) on its fused path (no
+    dropout, projections of rank 4), zeros on its explicit softmax path
+    (attention dropout, or several attention axes: `uniform=False`).
+    FAVOR+ itself gives zeros.
 
     Example (causal; the first query's only key is padding):
 

@@ -46,7 +46,8 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
       axes, such as `(B, 1, S)` or `(1, S)`), query masks and
       `use_causal_mask=True`. A masked query, or one without any valid key,
       gets what `MultiHeadAttention` gives it: the mean of all values
-      (uniform weights), or zeros when `dropout > 0`. An
+      (uniform weights) on one attention axis of a 3-D input, zeros when
+      `dropout > 0` or with several attention axes. An
       `attention_mask` that depends on the query position (a dense `(T, S)`
       or `(B, T, S)` mask, a 2-D `(B, S)` mask with `B > 1`, which
       `MultiHeadAttention` reads as `(T, S)`) or on the head raises a
@@ -313,11 +314,11 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         output = self._compute_favor_attention(
             query, key, value, key_mask=key_padding, use_causal_mask=use_causal_mask, training=training
         )
-        # MultiHeadAttention's default path (no dropout) gives uniform
-        # weights where its dropout path gives zeros; follow the one it takes.
-        output = fill_rows_without_keys(
-            output, value, query_mask, key_padding, use_causal_mask, uniform=self._dropout == 0
-        )
+        # MultiHeadAttention's fused path (no dropout, one attention axis of
+        # a rank-3 input) gives uniform weights where its explicit softmax
+        # gives zeros; follow the one it takes.
+        fused = self._dropout == 0 and len(query_shape) == 4
+        output = fill_rows_without_keys(output, value, query_mask, key_padding, use_causal_mask, uniform=fused)
         output = layout.from_sequences(output, query_shape)
         if self._use_gate:
             output = output * gate

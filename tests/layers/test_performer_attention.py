@@ -243,6 +243,31 @@ class TestPerformerAttention(TestCase):
         if dropout:
             np.testing.assert_allclose(causal[0, 0], to_numpy(performer.output_dense.bias), atol=1e-6)
 
+    @pytest.mark.parametrize("axes", [(1, 2), 2])
+    def test_rows_without_keys_over_image_axes_give_multi_head_attention_results(self, axes):
+        """On 4-D inputs MultiHeadAttention takes its explicit softmax path even without dropout: zeros."""
+        images = sequences(16, batch=2 * 3 * 4).reshape(2, 3, 4, 6, 8)[..., 0, :]  # (2, 3, 4, 8)
+        valid = np.ones((2, 3, 4), bool)
+        valid[0] = False  # image 0 has no valid key at all
+        valid[1, 1] = False  # image 1: its row 1 has none (which matters with one attention axis)
+        mha = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, attention_axes=axes, bias_initializer="ones")
+        performer = PerformerAttention(
+            num_heads=2, key_dim=4, num_random_features=16, seed=0, attention_axes=axes, bias_initializer="ones"
+        )
+        mha(images, images)
+        performer(images, images)
+        performer.set_weights(mha.get_weights())
+        # MultiHeadAttention's key-padding layout: size-1 query axes before the key axes.
+        key_padding = valid[:, None, None] if axes == (1, 2) else valid[:, :, None, :]
+        exact = to_numpy(mha(images, images, attention_mask=key_padding))
+        out = to_numpy(performer(images, images, value_mask=valid))
+        empty = np.zeros((2, 3, 4), bool)
+        empty[0] = True
+        if axes == 2:
+            empty[1, 1] = True
+        np.testing.assert_allclose(out[empty], exact[empty], atol=1e-6)
+        np.testing.assert_allclose(out[empty], np.ones_like(out[empty]), atol=1e-6)  # only the output bias
+
     @pytest.mark.parametrize("causal", [False, True])
     def test_attention_axes_flatten_into_one_sequence(self, causal):
         """Multi-axis attention equals the same layer on the flattened positions, exactly."""
