@@ -77,6 +77,8 @@ def test_unknown_name_is_one_line_status_2(tmp_path, capsys):
         (["sample", "mnist-baseline", "--weights", "w", "--out", "o.png", "--temperature", "inf"], "'inf'"),
         (["evaluate", "mnist-baseline", "--weights", "w", "--data-dir", "d", "--num-samples", "nan"], "'nan'"),
         (["train", "mnist-baseline", "--data-dir", "d", "--output", "o", "--strategy", "tpu"], "'tpu'"),
+        (["train", "mnist-baseline", "--data-dir", "d", "--output", "o", "--save-freq", "0"], "--save-freq"),
+        (["train", "mnist-baseline", "--data-dir", "d", "--output", "o", "--save-freq", "often"], "'often'"),
         (["frobnicate"], "'frobnicate'"),
     ],
 )
@@ -548,3 +550,61 @@ def test_train_folder_in_use_and_signal_stop_are_one_line(tmp_path, capsys, monk
     assert status == 143
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines == ["keras-avae train: stopped by SIGTERM: checkpoint at epoch 1 of 2"]
+
+
+@pytest.mark.parametrize(
+    "flags, fragments",
+    [
+        (["--set", "dataset=cifar10"], ["`dataset` describes the entry", "--data-dir", "dataset='cifar10'"]),
+        (["--set", "replicas=7"], ["--strategy", "replicas=7"]),
+        (["--set", "evaluation_importance_samples=5"], ["--num-samples", "evaluation_importance_samples=5"]),
+        (["--set", "batch_size_per_replica=0"], ["batch_size_per_replica=0"]),
+        (["--set", "augmentation=[\"vertical_flip\"]"], ["augmentation=['vertical_flip']"]),
+        (["--set", "kl_min=1.5"], ["kl_min=1.5"]),
+        (["--set", "max_nonfinite_steps=-1"], ["max_nonfinite_steps=-1"]),
+        (["--epochs", "1", "--set", "epochs=2"], ["--epochs 1 and --set epochs=2 disagree"]),
+    ],
+)
+def test_train_recipe_settings_are_checked_before_the_run_is_recorded(tmp_path, capsys, flags, fragments):
+    data = tmp_path / "mnist"
+    data.mkdir()
+    make_mnist_dir(data, n_train=16, n_test=2)
+    out = tmp_path / "run"
+    argv = ["train", "mnist-baseline-small", "--data-dir", str(data), "--output", str(out), "--verbose", "0"]
+    status, _, err = run_main(argv + ["--batch-size", "4"] + flags + sets(TINY_SETS), capsys)
+    assert status == 2
+    assert_one_line_error(err, *fragments)
+    assert not (out / "run.json").exists()
+
+
+def test_train_applies_the_recipe_augmentation_and_set_epochs(tmp_path, capsys, monkeypatch):
+    from tests.test_datasets import make_cifar_folder
+
+    from keras_avae import datasets
+    from keras_avae import training
+
+    make_cifar_folder(tmp_path / "cifar", n=4)
+    calls = {}
+    real_make_dataset = datasets.make_dataset
+
+    def make_dataset(*args, **kwargs):
+        calls["dataset"] = real_make_dataset(*args, **kwargs)
+        calls["random_flip"] = kwargs.get("random_flip")
+        return calls["dataset"]
+
+    monkeypatch.setattr(datasets, "make_dataset", make_dataset)
+    monkeypatch.setattr(training, "train", lambda *args, **kwargs: calls.update(train=kwargs))
+    argv = ["train", "cifar10-baseline-small", "--data-dir", str(tmp_path / "cifar"), "--output", str(tmp_path / "r")]
+    argv += ["--batch-size", "4", "--set", "epochs=3", "--verbose", "0"]
+    assert run_main(argv, capsys)[0] == 0
+    # The recipe's horizontal flips reach the pipeline and the run's record.
+    assert calls["random_flip"] is True and calls["train"]["data_info"]["random_flip"] is True
+    assert calls["train"]["epochs"] == 3  # --set epochs=3 is --epochs 3
+    batches = [np.asarray(batch) for batch in calls["dataset"].take(5)]
+    images = np.asarray(datasets.load("cifar10", tmp_path / "cifar", "train")[0], "float32") / 127.5 - 1.0
+    mirrored = images[:, :, ::-1]
+    flipped = [np.any(np.all(np.isclose(image, mirrored), axis=(1, 2, 3))) for batch in batches for image in batch]
+    assert any(flipped) and not all(flipped)
+    # Without augmentation, no flips and nothing recorded.
+    assert run_main(argv + ["--set", "augmentation=[]"], capsys)[0] == 0
+    assert calls["random_flip"] is False and "random_flip" not in calls["train"]["data_info"]

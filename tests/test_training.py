@@ -795,3 +795,46 @@ def test_resume_checks_each_setting_and_keeps_the_record(tmp_path):
     model = training.train("mnist-baseline", x, out, epochs=2, batch_size=8, data_info=data, **kwargs)
     assert int(numpy_of(model.optimizer.iterations)) == 4 and history_epochs(out) == ["1", "2"]
     assert json.loads((out / "run.json").read_text())["epochs"] == 2  # what was trained
+
+
+def test_bad_recipe_value_is_refused_before_the_run_is_recorded(tmp_path):
+    x = np.zeros((16, 8, 8, 1), "float32")
+    kwargs = dict(epochs=1, batch_size=8, config_overrides=TINY, verbose=0, num_images=0, tensorboard=False)
+    for bad, match in (({"kl_min": 1.5}, r"kl_min=1.5"), ({"max_nonfinite_steps": -1}, r"max_nonfinite_steps=-1")):
+        with pytest.raises(ValueError, match=match):
+            training.train("mnist-baseline", x, tmp_path, **kwargs, **bad)
+        # Nothing recorded: the corrected value is not refused as a change.
+        assert not (tmp_path / "run.json").exists()
+    for bad, match in (
+        ({"augmentation": ["vertical_flip"]}, r"augmentation=\['vertical_flip'\]"),
+        ({"batch_size_per_replica": 0}, r"batch_size_per_replica=0"),
+        ({"replicas": 7}, r"replicas=7"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            training.resolve_recipe("cifar10-baseline-small", **bad)
+
+
+def test_final_files_older_than_the_checkpoint_are_written_again(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    x = (rng.random((16, 8, 8, 1)) > 0.5).astype("float32")
+    out = tmp_path / "run"
+    kwargs = dict(batch_size=8, config_overrides=TINY, verbose=0, num_images=0, tensorboard=False)
+    training.train("mnist-baseline", x, out, epochs=1, **kwargs)
+    one_epoch = zoo.load("mnist-baseline", weights=None, **TINY)
+    one_epoch.load_weights(str(out / "model.weights.h5"))
+    # More epochs, killed after the last checkpoint, before the final files.
+    real_save_final = training.trainer._save_final
+    monkeypatch.setattr(training.trainer, "_save_final", lambda *args, **kw: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        training.train("mnist-baseline", x, out, epochs=2, **kwargs)
+    monkeypatch.setattr(training.trainer, "_save_final", real_save_final)
+    model = training.train("mnist-baseline", x, out, epochs=2, **kwargs)  # the same call: nothing to train
+    assert int(numpy_of(model.optimizer.iterations)) == 4
+    final = zoo.load("mnist-baseline", weights=None, **TINY)
+    final.load_weights(str(out / "model.weights.h5"))
+    for saved, trained in zip(final.weights, model.weights):
+        np.testing.assert_array_equal(numpy_of(saved), numpy_of(trained))
+    assert any(not np.array_equal(numpy_of(a), numpy_of(b)) for a, b in zip(final.weights, one_epoch.weights))
+    written = (out / "model.weights.h5").stat().st_mtime_ns
+    training.train("mnist-baseline", x, out, epochs=2, **kwargs)  # complete and current: nothing rewritten
+    assert (out / "model.weights.h5").stat().st_mtime_ns == written

@@ -60,6 +60,16 @@ def _positive(kind):
     return parse
 
 
+def _save_freq(text):
+    """`--save-freq`: "epoch" or a positive number of steps."""
+    if text == "epoch":
+        return text
+    try:
+        return _positive(int)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected 'epoch' or a positive int, received {text!r}")
+
+
 def _set_help(what):
     from keras_avae import zoo
 

@@ -8,6 +8,7 @@ import argparse
 from keras_avae.cli.arguments import _DATA_DIR_HELP
 from keras_avae.cli.arguments import _positive
 from keras_avae.cli.arguments import _RESIZE_HELP
+from keras_avae.cli.arguments import _save_freq
 from keras_avae.cli.arguments import _set_help
 from keras_avae.cli.arguments import _STRATEGIES
 from keras_avae.cli.report import _add_report_parser
@@ -106,7 +107,9 @@ def _add_train_parser(commands, backend):
         help="deterministic kernels, so that the same command and --seed give the same numbers on one machine "
         "(default: on; --no-deterministic may be faster on a GPU)",
     )
-    train.add_argument("--save-freq", default="epoch", help="'epoch' or N: checkpoint every N steps too")
+    train.add_argument(
+        "--save-freq", type=_save_freq, default="epoch", help="'epoch' or N: checkpoint every N steps too"
+    )
     train.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a model or recipe value "
                        "(repeatable; default: the entry's values)")
     train.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2), help="Keras fit verbosity")

@@ -4,7 +4,7 @@ import sys
 import time
 
 from keras_avae.cli.arguments import _parse_sets
-from keras_avae.cli.arguments import _positive
+from keras_avae.cli.arguments import UsageError
 from keras_avae.cli.backend import _import_backend
 from keras_avae.cli.checks import _check_dir
 from keras_avae.cli.checks import _check_name
@@ -13,7 +13,6 @@ from keras_avae.cli.checks import _check_name
 def _cmd_train(args):
     _check_name(args.name)
     _check_dir(args.data_dir, "--data-dir")
-    save_freq = args.save_freq if args.save_freq == "epoch" else _positive(int)(args.save_freq)
     _import_backend(args, tensorflow=True)
     from keras_avae import training
 
@@ -30,12 +29,18 @@ def _cmd_train(args):
 
     config_overrides, recipe_overrides = training.split_overrides(args.name, _parse_sets(args.set))
     config_overrides.setdefault("seed", args.seed)
+    epochs = _epochs(args.epochs, recipe_overrides.pop("epochs", None))
     recipe = training.resolve_recipe(args.name, **recipe_overrides)
     replicas = training.num_replicas(strategy)
     global_batch = (args.batch_size or recipe["batch_size_per_replica"]) * replicas
     data = zoo.describe(args.name)["dataset"]
     examples = len(datasets.load(data, args.data_dir, "train", resize_images=args.resize_images)[0])
     data_info = {"dataset": data, "limit": args.limit, "seed": args.seed}
+    random_flip = "horizontal_flip" in (recipe.get("augmentation") or [])
+    if random_flip:
+        # Recorded only when on, so that the runs before flips existed
+        # resume; a CIFAR-10 run recorded without them is refused.
+        data_info["random_flip"] = True
     if datasets.locate(data, args.data_dir, "train")[0] is datasets.read_image_folder:
         data_info.update(source="image_folder", resize_images=args.resize_images)
     batches = min(examples, args.limit or examples) // global_batch  # full batches only
@@ -54,6 +59,7 @@ def _cmd_train(args):
         # each global batch over the devices and processes.
         strategy=strategy if training.BACKEND == "tensorflow" else None,
         repeat=steps < batches,
+        random_flip=random_flip,
         resize_images=args.resize_images,
     )
     start = time.time()
@@ -61,12 +67,12 @@ def _cmd_train(args):
         args.name,
         train_data,
         args.output,
-        epochs=args.epochs,
+        epochs=epochs,
         steps_per_epoch=steps,
         strategy=strategy,
         batch_size=global_batch,
         config_overrides=config_overrides,
-        save_freq=save_freq,
+        save_freq=args.save_freq,
         verbose=args.verbose,
         data_info=data_info,
         seed=args.seed,
@@ -74,6 +80,13 @@ def _cmd_train(args):
         **recipe_overrides,
     )
     print(f"Trained {args.name} in {time.time() - start:.0f} s; final model in {args.output}", file=sys.stderr)
+
+
+def _epochs(flag, setting):
+    """`--epochs`, or `--set epochs=N` (the same recipe value); both must agree."""
+    if flag is not None and setting is not None and flag != setting:
+        raise UsageError(f"--epochs {flag} and --set epochs={setting} disagree; give one of them")
+    return flag if flag is not None else setting
 
 
 def _check_enough_data(limit, examples, batch_size, steps_per_epoch):

@@ -47,6 +47,17 @@ _NEUTRAL_RECIPE = {
 }
 
 
+# Keys of a zoo entry's recipe that describe it rather than set a run:
+# overriding them would be recorded and do nothing. Where to set them.
+_DESCRIPTIVE_KEYS = {
+    "dataset": "the data are `train`'s `dataset` (keras-avae train --data-dir)",
+    "replicas": "the replicas are the strategy's (--strategy, --cpu-devices)",
+    "evaluation_importance_samples": "K is set when scoring (keras-avae evaluate --num-samples)",
+}
+
+#: Augmentations a recipe may list; `keras-avae train` applies them in `make_dataset`.
+AUGMENTATIONS = ("horizontal_flip",)
+
 
 def resolve_recipe(name=None, **overrides):
     """The training recipe of zoo entry `name` (or the paper's) with overrides.
@@ -77,8 +88,25 @@ def resolve_recipe(name=None, **overrides):
             f"Unknown training recipe key(s) {unknown}. Valid keys: {', '.join(sorted(recipe))}. "
             f"Received: {overrides}"
         )
+    descriptive = sorted(set(overrides) & set(_DESCRIPTIVE_KEYS))
+    if descriptive:
+        key = descriptive[0]
+        raise ValueError(
+            f"`{key}` describes the entry and is not a training setting: {_DESCRIPTIVE_KEYS[key]}. "
+            f"Received: {key}={overrides[key]!r}"
+        )
     recipe.update(overrides)
+    _check_augmentation(recipe.get("augmentation", []))
+    _positive_int("batch_size_per_replica", recipe["batch_size_per_replica"])
     return recipe
+
+
+def _check_augmentation(augmentation):
+    if not isinstance(augmentation, (list, tuple)) or not set(augmentation) <= set(AUGMENTATIONS):
+        raise ValueError(
+            f"`augmentation` must be a list of names from {list(AUGMENTATIONS)}, or []. "
+            f"Received: augmentation={augmentation!r}"
+        )
 
 
 def split_overrides(name, overrides):

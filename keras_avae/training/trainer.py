@@ -455,9 +455,23 @@ def train(
         if monitor.stopped_message is not None:
             raise NonFiniteTrainingError(monitor.stopped_message)
         trained = epoch < run.epochs
-        if run.chief and (trained or not (run.output_dir / "model.weights.h5").exists()):
+        if run.chief and (trained or _final_files_stale(run.output_dir, backup)):
             _save_final(model, run.output_dir, portable=bool(getattr(model, "synchronized_batch_norm", False)))
     return model
+
+
+def _final_files_stale(output_dir, backup):
+    """Whether `model.keras` / `model.weights.h5` are missing or older than the committed checkpoint.
+
+    A kill after the last checkpoint of a longer run (more `epochs`) but
+    before its final files leaves the shorter run's; the same call on the
+    now complete run writes them again from the checkpoint.
+    """
+    finals = [output_dir / "model.keras", output_dir / "model.weights.h5"]
+    if not all(path.exists() for path in finals):
+        return True
+    pointer = backup.backup_dir / backup.POINTER
+    return pointer.exists() and min(path.stat().st_mtime_ns for path in finals) < pointer.stat().st_mtime_ns
 
 
 def _committed_epoch(backup, default):
