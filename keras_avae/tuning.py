@@ -21,6 +21,8 @@ Example:
 """
 
 import copy
+import math
+import numbers
 
 import keras
 import keras_tuner
@@ -41,6 +43,10 @@ DEFAULT_SEARCH_SPACE = {
 }
 
 _SWITCHES = ("generative_attention", "inference_attention", "nonlocal_blocks")
+# The config (and recipe) keys each search-space key sets: `overrides` may not
+# also set them, or the tuner would record one value while the model gets another.
+_SETS = {key: (key,) for key in DEFAULT_SEARCH_SPACE}
+_SETS["filters"] = ("filters", "preprocess_filters", "decoder_filters")
 # Where non-local blocks go when the switch turns them on (the paper's places).
 _NONLOCAL_PLACES = ["merge", "postprocess"]
 
@@ -55,13 +61,21 @@ class VAEHyperModel(keras_tuner.HyperModel):
             schedule is laid out over `epochs * steps_per_epoch`).
         epochs: epochs per trial for the schedule; defaults to the recipe's.
         search_space: dict overriding `DEFAULT_SEARCH_SPACE`; keys missing
-            from it keep the defaults, a key mapped to `None` is not searched.
-            Lists are choices (`filters` sets the encoder and decoder
-            filters); the three switches take `[False, True]`;
-            `learning_rate` is a `(low, high)` range sampled on a log scale.
+            from it keep the defaults, a key mapped to `None` is not searched
+            (the entry's config and recipe, or `overrides`, set it). `num_layers`,
+            `latent_channels` and `filters` take a non-empty list of positive
+            ints to choose from (`filters` sets the encoder and decoder
+            filters); the three switches take a non-empty list of bools
+            (`[False, True]` searches the switch, `[False]` or `[True]` fixes
+            it); `learning_rate` takes a `(low, high)` range,
+            `0 < low <= high`, sampled on a log scale. Anything else raises a
+            `ValueError` here, at construction.
         seed: weight-initialisation seed, the same for every trial (`build`
             reseeds Keras' global generator with it).
         overrides: further fixed config values, e.g. `{"image_shape": ...}`.
+            They may not set what a searched key sets (`filters` sets
+            `preprocess_filters` and `decoder_filters`): map that key to
+            `None` in `search_space` to fix it instead.
         jit_compile: passed to `model.compile`.
 
     Example:
@@ -87,20 +101,36 @@ class VAEHyperModel(keras_tuner.HyperModel):
             raise ValueError(f"`entry` must be a hierarchical VAE zoo entry. Received: entry={entry!r}")
         if not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
             raise ValueError(f"`steps_per_epoch` must be a positive int. Received: steps_per_epoch={steps_per_epoch!r}")
+        if search_space is not None and not isinstance(search_space, dict):
+            raise ValueError(f"`search_space` must be a dict or None. Received: search_space={search_space!r}")
+        if overrides is not None and not isinstance(overrides, dict):
+            raise ValueError(f"`overrides` must be a dict or None. Received: overrides={overrides!r}")
         space = dict(DEFAULT_SEARCH_SPACE)
-        unknown = sorted(set(search_space or {}) - set(space))
+        unknown = sorted(set(search_space or {}) - set(space), key=repr)
         if unknown:
             raise ValueError(
                 f"Unknown search-space key(s) {unknown}. Valid keys: {', '.join(sorted(space))}. "
                 f"Received: search_space={search_space!r}"
             )
         space.update(search_space or {})
-        self.search_space = {k: v for k, v in space.items() if v is not None}
+        self.search_space = {k: _checked(k, v) for k, v in space.items() if v is not None}
+        self.overrides = dict(overrides or {})
+        clashes = [
+            f"overrides[{name!r}]={self.overrides[name]!r} vs search_space[{key!r}]={self.search_space[key]!r}"
+            for key in self.search_space
+            for name in _SETS[key]
+            if name in self.overrides
+        ]
+        if clashes:
+            raise ValueError(
+                "`overrides` may not set what the search space searches (the tuner would record one value "
+                "and build the model with another); map the key to None in `search_space` to fix it. "
+                f"Received: {'; '.join(clashes)}"
+            )
         self.entry = entry
         self.steps_per_epoch = steps_per_epoch
         self.epochs = epochs
         self.seed = seed
-        self.overrides = dict(overrides or {})
         self.jit_compile = jit_compile
 
     def _config(self, hp):
@@ -151,3 +181,31 @@ class VAEHyperModel(keras_tuner.HyperModel):
         recipe = self._recipe(hp)
         warmup = training.KLWarmup(recipe.get("kl_warmup_epochs") or 0, recipe.get("kl_min", 1.0))
         return model.fit(*args, callbacks=list(callbacks or []) + [warmup], **kwargs)
+
+
+def _checked(key, value):
+    """`search_space[key]` in its canonical form, or a `ValueError` naming the key."""
+    if key == "learning_rate":
+        form = "a (low, high) range of numbers, 0 < low <= high"
+        ok = (
+            isinstance(value, (tuple, list))
+            and len(value) == 2
+            and all(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+            and 0 < value[0] <= value[1]
+        )
+        value_out = (float(value[0]), float(value[1])) if ok else None
+    elif key in _SWITCHES:
+        form = "a non-empty list of bools, e.g. [False, True]"
+        ok = isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(v, bool) for v in value)
+        value_out = list(value) if ok else None
+    else:
+        form = "a non-empty list of positive ints to choose from"
+        ok = (
+            isinstance(value, (list, tuple))
+            and len(value) > 0
+            and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0 for v in value)
+        )
+        value_out = [int(v) for v in value] if ok else None
+    if not ok:
+        raise ValueError(f"`search_space[{key!r}]` must be {form} (or None, not to search it). Received: {value!r}")
+    return value_out

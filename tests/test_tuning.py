@@ -60,6 +60,69 @@ def test_bad_arguments_name_the_value():
         VAEHyperModel(steps_per_epoch=0)
 
 
+RANGE, CHOICES, SWITCH = r"\(low, high\) range", "list of positive ints", "list of bools"
+
+
+@pytest.mark.parametrize(
+    "key, value, form, shown",
+    [
+        ("learning_rate", [1e-3, 3e-3, 1e-2], RANGE, r"\[0\.001, 0\.003, 0\.01\]"),  # choices, not a range
+        ("learning_rate", 1e-3, RANGE, r"Received: 0\.001$"),
+        ("learning_rate", (1e-2, 1e-3), RANGE, r"\(0\.01, 0\.001\)"),  # low > high
+        ("learning_rate", (0.0, 1e-2), RANGE, r"\(0\.0, 0\.01\)"),  # the log scale needs low > 0
+        ("learning_rate", ("1e-3", 1e-2), RANGE, r"\('1e-3', 0\.01\)"),
+        ("filters", 8, CHOICES, r"Received: 8$"),
+        ("filters", [], CHOICES, r"Received: \[\]$"),
+        ("filters", [8, 16.5], CHOICES, r"\[8, 16\.5\]"),
+        ("num_layers", [0, 2], CHOICES, r"\[0, 2\]"),
+        ("latent_channels", "8", CHOICES, r"Received: '8'$"),
+        ("latent_channels", [True], CHOICES, r"\[True\]"),
+        ("generative_attention", True, SWITCH, r"Received: True$"),
+        ("nonlocal_blocks", ["merge"], SWITCH, r"\['merge'\]"),
+        ("inference_attention", [0, 1], SWITCH, r"\[0, 1\]"),
+    ],
+)
+def test_bad_search_space_values_are_refused_at_construction(key, value, form, shown):
+    with pytest.raises(ValueError, match=rf"search_space\['{key}'\]` must be .*{form}.*{shown}"):
+        VAEHyperModel(search_space={key: value})
+
+
+def test_search_space_forms_are_accepted_and_canonical():
+    hypermodel = VAEHyperModel(
+        search_space={
+            "learning_rate": [1e-3, 1e-3],
+            "filters": (4, np.int64(8)),
+            "nonlocal_blocks": (True,),
+            "num_layers": None,
+        }
+    )
+    space = hypermodel.search_space
+    assert space["learning_rate"] == (1e-3, 1e-3) and space["filters"] == [4, 8]
+    assert space["nonlocal_blocks"] == [True] and "num_layers" not in space
+    with pytest.raises(ValueError, match=r"`search_space` must be a dict.*\[\('filters', \[4\]\)\]"):
+        VAEHyperModel(search_space=[("filters", [4])])
+
+
+def test_overrides_may_not_set_a_searched_key():
+    with pytest.raises(ValueError, match=r"overrides\['num_layers'\]=3 vs search_space\['num_layers'\]=\[2, 4\]"):
+        VAEHyperModel(search_space={"num_layers": [2, 4]}, overrides={"num_layers": 3})
+    # `filters` sets the encoder and decoder filters; several clashes are all named.
+    with pytest.raises(
+        ValueError,
+        match=r"overrides\['decoder_filters'\]=16 vs search_space\['filters'\]=\[4, 8\].*"
+        r"overrides\['nonlocal_blocks'\]=\[\] vs search_space\['nonlocal_blocks'\]=\[False, True\]",
+    ):
+        VAEHyperModel(search_space={"filters": [4, 8]}, overrides={"decoder_filters": 16, "nonlocal_blocks": []})
+    # Not searching the key lets `overrides` fix it, and hp and model agree.
+    hypermodel = VAEHyperModel(
+        steps_per_epoch=3, search_space=dict(SPACE, num_layers=None), overrides=dict(TINY, num_layers=1)
+    )
+    hp = keras_tuner.HyperParameters()
+    model = hypermodel.build(hp)
+    assert model.num_layers == 1 and "num_layers" not in hp.values
+    assert hp.values["filters"] == model.preprocess_filters == model.decoder_filters
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     keras.backend.backend() != "tensorflow",
