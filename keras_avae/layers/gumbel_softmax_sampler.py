@@ -1,13 +1,27 @@
 """Gumbel-softmax (Concrete) relaxation of categorical sampling."""
 
+import math
+
 import keras
 from keras import ops
 
 _INFERENCE_MODES = ("sample", "mode")
+# Largest accepted `seed`, the same bound as the other seeded layers'
+# (`seed + 1` fits an int32): the seed generator holds the seed in the
+# backend's seed dtype (int32 on torch, uint32 on JAX).
+_MAX_SEED = 2**31 - 2
 
 
 def _is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_positive_finite(value):
+    """Whether the Python number `value` is positive and finite (not NaN)."""
+    try:
+        return math.isfinite(value) and value > 0
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 @keras.saving.register_keras_serializable(package="keras_avae")
@@ -41,7 +55,8 @@ class GumbelSoftmaxSampler(keras.layers.Layer):
           Concrete Distribution.
 
     Args:
-        temperature: positive float, the default relaxation temperature `tau`.
+        temperature: finite positive float, the default relaxation
+            temperature `tau`.
             Defaults to `1.0`.
         hard: bool. If `True`, return straight-through one-hot samples.
             Defaults to `False`.
@@ -49,13 +64,14 @@ class GumbelSoftmaxSampler(keras.layers.Layer):
         inference_mode: `"sample"` (default) to sample at inference as in
             training, or `"mode"` to return `one_hot(argmax(logits))` when
             `training` is `False` or unset.
-        seed: int or `None`, seed of the layer's `SeedGenerator`.
+        seed: int in `[0, 2**31 - 2]` or `None`, seed of the layer's
+            `SeedGenerator`.
         **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
 
     Call arguments:
         logits: float tensor of unnormalised log-probabilities; any rank, the
             categories along `axis`.
-        temperature: optional positive Python float or float tensor
+        temperature: optional finite positive Python float or float tensor
             (a scalar, or broadcastable to `logits`) that overrides the
             constructor's `temperature` for this call.
         training: bool or `None`; only used by `inference_mode="mode"`.
@@ -85,9 +101,9 @@ class GumbelSoftmaxSampler(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not _is_number(temperature) or not temperature > 0:
+        if not _is_number(temperature) or not _is_positive_finite(temperature):
             raise ValueError(
-                "`temperature` must be a positive Python number (pass tensors or "
+                "`temperature` must be a finite positive Python number (pass tensors or "
                 f"variables at call time). Received: temperature={temperature}"
             )
         if not isinstance(hard, bool):
@@ -99,6 +115,8 @@ class GumbelSoftmaxSampler(keras.layers.Layer):
                 f"`inference_mode` must be one of {_INFERENCE_MODES}. "
                 f"Received: inference_mode={inference_mode}"
             )
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MAX_SEED):
+            raise ValueError(f"`seed` must be an integer in [0, {_MAX_SEED}] or None. Received: seed={seed}")
         self.temperature = float(temperature)
         self.hard = hard
         self.axis = axis
@@ -131,10 +149,10 @@ class GumbelSoftmaxSampler(keras.layers.Layer):
 
         if temperature is None:
             temperature = self.temperature
-        elif _is_number(temperature) and not temperature > 0:
+        elif _is_number(temperature) and not _is_positive_finite(temperature):
             # Tensors cannot be inspected under jit; Python numbers can.
             raise ValueError(
-                f"`temperature` must be positive. Received: temperature={temperature}"
+                f"`temperature` must be finite and positive. Received: temperature={temperature}"
             )
         temperature = ops.cast(temperature, "float32")
 

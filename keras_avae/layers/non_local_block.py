@@ -13,6 +13,9 @@ from keras_avae.ops.favor import orthogonal_random_features
 
 _ATTENTIONS = ("softmax", "performer")
 _FEATURE_REDRAWS = ("fixed", "training")
+# Largest accepted `seed`: with `feature_redraw="training"` a seed generator
+# holds `seed + 1` in the backend's seed dtype (int32 on torch, uint32 on JAX).
+_MAX_SEED = 2**31 - 2
 
 
 @keras.saving.register_keras_serializable(package="keras_avae")
@@ -61,7 +64,8 @@ class NonLocalBlock(keras.layers.Layer):
         kernel_initializer: initializer of the convolution kernels.
         kernel_regularizer: regularizer of the convolution kernels.
         gamma_initializer: initializer of `gamma`. Defaults to `"zeros"`.
-        seed: non-negative int or `None`, seeds the random features. `None`
+        seed: int in `[0, 2**31 - 2]` (`seed + 1` seeds the redraws and
+            must fit an int32) or `None`, seeds the random features. `None`
             draws an integer at construction (from Python's `random`, which
             `keras.utils.set_random_seed` seeds).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
@@ -115,8 +119,8 @@ class NonLocalBlock(keras.layers.Layer):
             )
         if not isinstance(use_bias, bool):
             raise ValueError(f"`use_bias` must be a bool. Received: use_bias={use_bias!r}")
-        if seed is not None and not (_is_positive_int(seed) or seed == 0):
-            raise ValueError(f"`seed` must be a non-negative integer or None. Received: seed={seed!r}")
+        if seed is not None and not (_is_int(seed) and 0 <= seed <= _MAX_SEED):
+            raise ValueError(f"`seed` must be an integer in [0, {_MAX_SEED}] or None. Received: seed={seed!r}")
         if seed is None:
             # A concrete seed in the config makes the features reproducible
             # after a `.keras` round trip (same range as PerformerAttention).
@@ -238,7 +242,8 @@ class NonLocalBlock(keras.layers.Layer):
 
         Exact in softmax mode; in performer mode the FAVOR+ estimate the
         block computes with (its fixed features), normalised the same way.
-        Either way each map sums to 1.
+        Either way each map sums to 1. An unbuilt block is first built for
+        `inputs`' shape, as calling it would.
 
         Args:
             inputs: tensor of shape `(B, H, W, C)`, the block's input.
@@ -258,6 +263,8 @@ class NonLocalBlock(keras.layers.Layer):
         >>> maps.shape, bool(np.allclose(maps.sum(axis=(2, 3)), 1.0))
         ((1, 2, 4, 4), True)
         """
+        if not self.built:
+            self.build(tuple(inputs.shape))
         height, width = inputs.shape[1], inputs.shape[2]
         rows = []
         for position in query_positions:
@@ -324,5 +331,9 @@ def _is_pointwise(conv):
     )
 
 
+def _is_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _is_positive_int(x):
-    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+    return _is_int(x) and x > 0

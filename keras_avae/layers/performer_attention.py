@@ -1,5 +1,6 @@
 """Performer (FAVOR+) multi-head attention, a drop-in for MultiHeadAttention."""
 
+import math
 import random
 
 import keras
@@ -13,6 +14,9 @@ from keras_avae.ops.favor import orthogonal_random_features
 _KERNELS = ("softmax", "relu")
 _FEATURE_REDRAWS = ("fixed", "training")
 _SCALINGS = ("chi", "sqrt")
+# Largest accepted `seed`: the seed generators hold `seed` and `seed + 1` in
+# the backend's seed dtype (int32 on torch, uint32 on JAX).
+_MAX_SEED = 2**31 - 2
 
 
 @keras.saving.register_keras_serializable(package="keras_avae")
@@ -93,9 +97,11 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         kernel_constraint: constraint of the projection kernels.
         bias_constraint: constraint of the projection biases.
         use_gate: bool, the sigmoid output gate of `MultiHeadAttention`.
-        seed: int or `None`. Seeds the fixed random features, their redraws
-            and dropout. `None` draws an integer at construction (from
-            Python's `random`, which `keras.utils.set_random_seed` seeds).
+        seed: int in `[0, 2**31 - 2]` (`seed + 1` seeds the feature
+            redraws and must fit an int32) or `None`. Seeds the fixed random
+            features, their redraws and dropout. `None` draws an integer at
+            construction (from Python's `random`, which
+            `keras.utils.set_random_seed` seeds).
         num_random_features: positive int m, random features per head.
             Defaults to 256.
         kernel: `"softmax"` (unbiased positive features for the softmax
@@ -109,7 +115,7 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         orthogonal_scaling: `"chi"` (rows with chi-distributed norms, which
             keeps the softmax estimate unbiased) or `"sqrt"` (rows of norm
             `sqrt(key_dim)`). Defaults to `"chi"`.
-        eps: non-negative float added to every feature (relative to the
+        eps: finite non-negative float added to every feature (relative to the
             largest one) to keep the normaliser away from zero. Defaults to
             `1e-6`.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
@@ -206,8 +212,8 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
             raise ValueError(
                 f"`orthogonal_scaling` must be one of {_SCALINGS}. Received: orthogonal_scaling={orthogonal_scaling!r}"
             )
-        if not _is_number(eps) or not eps >= 0:
-            raise ValueError(f"`eps` must be a non-negative float. Received: eps={eps}")
+        if not _is_number(eps) or not _is_finite(eps) or not eps >= 0:
+            raise ValueError(f"`eps` must be a finite non-negative float. Received: eps={eps}")
         if not _is_number(dropout) or not 0 <= dropout < 1:
             raise ValueError(f"`dropout` must be a float in [0, 1). Received: dropout={dropout}")
         if sliding_window is not None:
@@ -220,8 +226,8 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
                 "PerformerAttention computes FAVOR+ attention, not MultiHeadAttention's exact fused kernel: "
                 f"`flash_attention` must be None or False. Received: flash_attention={flash_attention}"
             )
-        if seed is not None and (not _is_int(seed) or seed < 0):
-            raise ValueError(f"`seed` must be a non-negative integer or None. Received: seed={seed}")
+        if seed is not None and (not _is_int(seed) or not 0 <= seed <= _MAX_SEED):
+            raise ValueError(f"`seed` must be an integer in [0, {_MAX_SEED}] or None. Received: seed={seed}")
         if seed is None:
             # A concrete seed in the config makes the features reproducible
             # after a `.keras` round trip; same range as Keras' default seeds.
@@ -427,3 +433,10 @@ def _is_int(x):
 
 def _is_number(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _is_finite(x):
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int too large for a float
+        return False

@@ -203,7 +203,7 @@ class HierarchicalVAE(HierarchicalLayers, HierarchicalInference, ELBOModel):
         self.synchronized_batch_norm = synchronized_batch_norm
         self.seed = seed
         if nonlocal_feature_seed is None:
-            nonlocal_feature_seed = seed if seed is not None else random.randint(1, 2**31 - 1)
+            nonlocal_feature_seed = seed if seed is not None else random.randint(1, int(1e9))  # the layers' own range
         self.nonlocal_feature_seed = nonlocal_feature_seed
 
         # === Channel bookkeeping (reference widths, see the class docstring) ===

@@ -212,6 +212,26 @@ class TestGumbelSoftmaxSampler(TestCase):
             with pytest.raises(ValueError, match=f"Received: {name}="):
                 GumbelSoftmaxSampler(**kwargs)
 
+    @pytest.mark.parametrize("seed", [-1, True, 0.0, "0", 2**31 - 1, 2**32])
+    def test_invalid_seed(self, seed):
+        # Same range as the other seeded layers; the largest seed still works.
+        with pytest.raises(ValueError, match=rf"`seed` must be an integer in \[0, 2147483646\].*seed={seed}$"):
+            GumbelSoftmaxSampler(seed=seed)
+
+    def test_largest_seed(self):
+        y = to_numpy(GumbelSoftmaxSampler(seed=2**31 - 2)(_tiled_logits(3)))
+        np.testing.assert_allclose(y.sum(-1), np.ones(3), rtol=1e-6)
+        with pytest.raises(ValueError, match="seed=2147483647"):
+            GumbelSoftmaxSampler(seed=2**31 - 1)
+
+    @pytest.mark.parametrize("temperature", [float("inf"), float("nan"), 10**400], ids=["inf", "nan", "huge_int"])
+    def test_non_finite_temperature(self, temperature):
+        with pytest.raises(ValueError, match=rf"`temperature` must be a finite positive.*temperature={temperature}$"):
+            GumbelSoftmaxSampler(temperature=temperature)
+        call_message = rf"`temperature` must be finite and positive.*temperature={temperature}\b"
+        with pytest.raises(ValueError, match=call_message):
+            GumbelSoftmaxSampler()(_tiled_logits(2), temperature=temperature)
+
     def test_invalid_call_arguments(self):
         x = _tiled_logits(2)
         with pytest.raises(ValueError, match="Received: temperature=0"):

@@ -189,6 +189,25 @@ class TestNonLocalBlock(TestCase):
         with pytest.raises(ValueError, match="at least one position"):
             block.attention_map(x, [])
 
+    @pytest.mark.parametrize("attention", ["softmax", "performer"])
+    def test_attention_map_builds_an_unbuilt_block(self, attention):
+        # A block that was never called is built from the input's shape, as
+        # calling it would: same weights (paths included), same maps.
+        x = _input()
+        positions = [(0, 0), (4, 6), (2, 3)]
+        fresh = NonLocalBlock(key_dim=K, attention=attention, num_random_features=16, seed=3)
+        fresh_maps = to_numpy(fresh.attention_map(x, positions))
+        assert fresh.built
+        called = NonLocalBlock(key_dim=K, attention=attention, num_random_features=16, seed=3)
+        called(x)
+        assert [w.path.split("/", 1)[1] for w in fresh.weights] == [w.path.split("/", 1)[1] for w in called.weights]
+        called.set_weights(fresh.get_weights())
+        self.assertAllClose(fresh_maps, to_numpy(called.attention_map(x, positions)), atol=1e-6)
+        # Real, non-uniform maps, and the block still calls (no second build).
+        assert fresh_maps.shape == (B, 3, H, W) and np.ptp(fresh_maps) > 1e-3
+        self.assertAllClose(to_numpy(fresh(x)), x)
+        assert len(fresh.weights) == len(called.weights)
+
     def test_performer_approaches_softmax(self):
         # Same weights in both modes; FAVOR+'s error falls roughly as m^-1/2.
         x = _input((B, 8, 8, C))
@@ -347,6 +366,22 @@ class TestNonLocalBlock(TestCase):
     def test_bad_arguments(self, kwargs, match):
         with pytest.raises(ValueError, match=match):
             NonLocalBlock(**kwargs)
+
+    @pytest.mark.parametrize("seed", [False, True, 0.0, 3.0, -1, 2**31 - 1, 2**31, 2**32])
+    @pytest.mark.parametrize("feature_redraw", ["fixed", "training"])
+    def test_bad_seed(self, seed, feature_redraw):
+        # `seed + 1` seeds the redraws, so the largest seed is 2**31 - 2.
+        with pytest.raises(ValueError, match=rf"`seed` must be an integer in \[0, 2147483646\].*seed={seed!r}$"):
+            NonLocalBlock(attention="performer", feature_redraw=feature_redraw, seed=seed)
+
+    def test_largest_seed_works_with_redraws(self):
+        block = NonLocalBlock(
+            key_dim=K, attention="performer", num_random_features=8, feature_redraw="training", seed=2**31 - 2
+        )
+        x = _input()
+        assert np.all(np.isfinite(to_numpy(block(x, training=True))))
+        with pytest.raises(ValueError, match="seed=2147483647"):
+            NonLocalBlock(attention="performer", feature_redraw="training", seed=2**31 - 1)
 
     def test_bad_input_shape(self):
         with pytest.raises(ValueError, match=r"rank 4.*shape \(2, 5, 6\)"):

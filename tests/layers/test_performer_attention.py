@@ -535,6 +535,30 @@ class TestPerformerAttention(TestCase):
             PerformerAttention(**{"num_heads": 2, "key_dim": 4, **kwargs})
 
 
+    @pytest.mark.parametrize("seed", [-1, True, 0.0, "0", 2**31 - 1, 2**31, 2**32])
+    @pytest.mark.parametrize("feature_redraw", ["fixed", "training"])
+    def test_bad_seed(self, seed, feature_redraw):
+        # `seed + 1` seeds the redraws, so the largest seed is 2**31 - 2.
+        with pytest.raises(ValueError, match=rf"`seed` must be an integer in \[0, 2147483646\].*seed={seed}$"):
+            PerformerAttention(num_heads=2, key_dim=4, feature_redraw=feature_redraw, seed=seed)
+
+    def test_largest_seed_works_with_redraws_and_dropout(self):
+        layer = PerformerAttention(
+            num_heads=2, key_dim=4, num_random_features=8, feature_redraw="training", dropout=0.1, seed=2**31 - 2
+        )
+        x = sequences(0)
+        assert np.all(np.isfinite(to_numpy(layer(x, x, training=True))))
+        with pytest.raises(ValueError, match="seed=2147483647"):
+            PerformerAttention(num_heads=2, key_dim=4, feature_redraw="training", seed=2**31 - 1)
+
+    @pytest.mark.parametrize(
+        "eps", [float("inf"), float("nan"), -1.0, -float("inf"), 10**400], ids=["inf", "nan", "-1", "-inf", "huge_int"]
+    )
+    def test_bad_eps(self, eps):
+        with pytest.raises(ValueError, match=rf"`eps` must be a finite non-negative float\. Received: eps={eps}$"):
+            PerformerAttention(num_heads=2, key_dim=4, eps=eps)
+
+
 def test_docstring_examples():
     results = doctest.testmod(performer_module, optionflags=doctest.ELLIPSIS)
     assert results.attempted > 0 and results.failed == 0, results
