@@ -202,6 +202,10 @@ def test_train_evaluate_sample_end_to_end(tmp_path, capsys):
     result = json.loads(printed)
     assert result["num_examples"] == 5 and result["num_samples"] == 3 and result["resumed_images"] == 0
     assert err.count("evaluate: ") == 3  # a progress line per batch: 2 + 2 + 1 images
+    with np.load(tmp_path / "eval.npz") as progress:
+        identity = json.loads(str(progress["identity"]))
+    # Each backend draws its own samples: a file is resumed on its own backend only.
+    assert identity.get("backend") == (None if BACKEND == "tensorflow" else BACKEND)
     # Run again on the same progress file: nothing left to score, same figures.
     status, printed, err = run_main(evaluate + ["--num-samples", "3"], capsys)
     assert status == 0, err
@@ -237,6 +241,40 @@ def test_train_evaluate_sample_end_to_end(tmp_path, capsys):
     # 5 samples on a 2-row, 3-column grid of 28x28 crops, 1-pixel borders.
     assert grid.shape == (2 * 29 + 1, 3 * 29 + 1, 1)
     assert grid[1:29, 1:29].std() > 0
+
+    # The sampling seed is --seed, not a model override.
+    sample = ["sample", "mnist-baseline-small", "--weights", str(weights), "--num", "2", "--out", str(png)]
+    status, _, err = run_main(sample + sets(TINY_SETS + ["seed=3"]), capsys)
+    assert status == 2
+    assert_one_line_error(err, "--set seed", "--seed")
+    # Weights loaded into a model its run did not train (same shapes, other
+    # FAVOR+ features here) are refused, with the --set that loads them as trained.
+    record = json.loads((out / "run.json").read_text())
+    (out / "run.json").write_text(json.dumps(dict(record, config=dict(record["config"], nonlocal_feature_seed=5))))
+    status, _, err = run_main(sample + sets(TINY_SETS), capsys)
+    assert status == 2
+    assert_one_line_error(err, "nonlocal_feature_seed=5 (this model: 0)", "--set nonlocal_feature_seed=5")
+    assert run_main(sample + sets(TINY_SETS + ["nonlocal_feature_seed=5"]), capsys)[0] == 0
+
+
+def test_evaluate_binarises_the_train_split_once(tmp_path, capsys):
+    """`--split train` scores the same binary images whatever the batch size (dynamic draws would not)."""
+    data = tmp_path / "mnist"
+    data.mkdir()
+    make_mnist_dir(data, n_train=8, n_test=2)
+    model = zoo.load("mnist-baseline-small", weights=None, **{k: int(v) for k, v in (s.split("=") for s in TINY_SETS)})
+    weights = tmp_path / "fresh.weights.h5"
+    model.save_weights(str(weights))
+    pixel_sums = []
+    for batch_size in ("2", "4"):
+        progress = tmp_path / f"train-{batch_size}.npz"
+        argv = ["evaluate", "mnist-baseline-small", "--weights", str(weights), "--data-dir", str(data), "--split"]
+        argv += ["train", "--batch-size", batch_size, "--num-samples", "1", "--progress", str(progress)]
+        status, _, err = run_main(argv + sets(TINY_SETS), capsys)
+        assert status == 0, err
+        with np.load(progress) as scored:
+            pixel_sums.append(scored["checksums"].sum())
+    assert pixel_sums[0] == pixel_sums[1]
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """Checks of the arguments against the zoo and the file system, before Keras is imported."""
 
+import json
 import os
 
 from keras_avae.cli.arguments import UsageError
@@ -24,8 +25,45 @@ def _check_weights(args):
 
 
 def _load_model(args):
-    """`zoo.load` with `--weights` and `--set`: the same rules as in Python."""
+    """`zoo.load` with `--weights` and `--set`: the same rules as in Python.
+
+    A weights file in a `keras-avae train` run folder is checked against the
+    configuration its `run.json` records: a model that differs from it where
+    the weights' shapes do not show (the FAVOR+ features' seed, the kind of
+    non-local attention, ...) would load the weights silently and compute
+    another function.
+    """
     from keras_avae import zoo
 
     _check_weights(args)
-    return zoo.load(args.name, weights=args.weights, seed=args.seed, **_parse_sets(args.set))
+    overrides = _parse_sets(args.set)
+    if "seed" in overrides:
+        raise UsageError(f"--set seed: the sampling seed is --seed. Received: --set seed={overrides['seed']!r}")
+    model = zoo.load(args.name, weights=args.weights, seed=args.seed, **overrides)
+    if args.weights != "pretrained":
+        _check_against_run_record(args.weights, model)
+    return model
+
+
+def _check_against_run_record(weights, model):
+    from keras_avae import zoo
+
+    record_path = os.path.join(os.path.dirname(os.path.abspath(weights)), "run.json")
+    if not os.path.isfile(record_path):
+        return
+    with open(record_path) as f:
+        recorded = json.load(f).get("config", {})
+    built = model.get_config()
+    differing = [
+        key
+        for key, value in recorded.items()
+        if key in built and key not in zoo._NEUTRAL_OVERRIDES and zoo._normalized(value) != zoo._normalized(built[key])
+    ]
+    if differing:
+        trained = ", ".join(f"{key}={recorded[key]!r} (this model: {built[key]!r})" for key in differing)
+        sets = " ".join(f"--set {key}={json.dumps(recorded[key])}" for key in differing)
+        hint = " (or the run's --seed)" if differing == ["nonlocal_feature_seed"] else ""
+        raise UsageError(
+            f"--weights {weights}: its run folder's run.json records another configuration, which these "
+            f"weights would load into without error: {trained}. Load it as trained with {sets}{hint}"
+        )

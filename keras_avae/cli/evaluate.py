@@ -20,8 +20,11 @@ def _cmd_evaluate(args):
     _import_backend(args, tensorflow=True)
     import hashlib
 
+    import keras
+
     from keras_avae import datasets, evaluation, zoo
 
+    backend = keras.backend.backend()
     weights = zoo.pretrained_path(args.name) if args.weights == "pretrained" else args.weights
     with open(weights, "rb") as f:
         weights_sha256 = hashlib.sha256(f.read()).hexdigest()
@@ -35,19 +38,24 @@ def _cmd_evaluate(args):
         "batch_size": args.batch_size,
         # Only when given: progress files written before --every existed stay resumable.
         **({"every": args.every} if args.every else {}),
+        # Each backend draws its own samples. Only when not TensorFlow: the
+        # files written before the backend was recorded (TensorFlow) resume.
+        **({"backend": backend} if backend != "tensorflow" else {}),
     }
 
     if args.progress:  # before the model is built: a refusal costs nothing
         _extend_a_smaller_limit(args.progress, run_info, args.num_samples, args.seed)
     model = _load_model(args)
     data = zoo.describe(args.name)["dataset"]
-    # Static binarisation with a fixed seed: the same binary test set every run.
+    # Static binarisation with a fixed seed: the same binary images every run,
+    # whatever the batch size or subset (for the train split too).
     test = datasets.make_dataset(
         data,
         args.split,
         args.data_dir,
         args.batch_size,
         shuffle=False,
+        binarize="static" if data != "cifar10" else "auto",
         seed=args.seed,
         limit=args.limit,
         every=args.every,
