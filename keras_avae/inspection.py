@@ -277,7 +277,7 @@ def nonlocal_attention(model, x, query_pixels, batch_size=100):
     if not blocks:
         raise ValueError(f"`model` has no non-local block. Received: nonlocal_blocks={model.nonlocal_blocks}")
     height, width = model.image_shape[:2]
-    pixels = [tuple(int(v) for v in p) for p in query_pixels]
+    pixels = _pixel_list(query_pixels)
     if not pixels or any(len(p) != 2 or not (0 <= p[0] < height and 0 <= p[1] < width) for p in pixels):
         raise ValueError(
             f"`query_pixels` must be a non-empty list of (row, col) in [0, {height}) x [0, {width}). "
@@ -326,3 +326,19 @@ def interpolate(model, x_a, x_b, steps=8, mode="mean"):
     """
     _check_hierarchical(model)
     return model.interpolate(x_a, x_b, steps=steps, mode=mode)
+
+
+def _pixel_list(query_pixels):
+    """`query_pixels` as a list of int tuples, or `None` where an entry is not a sequence of integers.
+
+    `None` fails the caller's check, which names the argument: a bare
+    `(16, 16)` (one pixel, not a list of them) or a float coordinate must
+    not be truncated or raise a `TypeError` from deep inside.
+    """
+    try:
+        pixels = [tuple(p) for p in query_pixels]
+    except TypeError:
+        return None
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for p in pixels for v in p):
+        return None
+    return [tuple(int(v) for v in p) for p in pixels]

@@ -22,6 +22,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import os
 import pathlib
 import warnings
 
@@ -266,6 +267,13 @@ def load(name, /, weights="default", **overrides):
     (4, 4, 2)
     """
     entry = _get(name)
+    if weights is not None and not isinstance(weights, (str, os.PathLike)):
+        raise ValueError(
+            "`weights` must be 'default', 'pretrained', None (fresh weights) or the path of a .weights.h5 file. "
+            f"Received: weights={weights!r}"
+        )
+    if overrides.get("dtype") is not None:
+        _check_float_dtype(overrides["dtype"])
     changes = _architecture_changes(name, overrides)
     if weights is not None and weights not in ("default", "pretrained") and has_pretrained(name):
         path = pathlib.Path(weights)
@@ -320,6 +328,21 @@ def load(name, /, weights="default", **overrides):
                 f"architecture): {error}. Received: weights={str(weights)!r}"
             ) from error
     return model
+
+
+def _check_float_dtype(dtype):
+    """Refuses a `dtype` override that is not a float dtype or policy (an int model fails deep inside)."""
+    import keras
+
+    try:
+        compute_dtype = keras.dtype_policies.get(dtype).compute_dtype
+    except (ValueError, TypeError):
+        compute_dtype = None
+    if compute_dtype not in ("float16", "bfloat16", "float32", "float64"):
+        raise ValueError(
+            "`dtype` must be a float dtype or policy, e.g. 'float32' or 'mixed_bfloat16'. "
+            f"Received: dtype={dtype!r}"
+        )
 
 
 def _describe_changes(changes, source="entry"):

@@ -1,5 +1,7 @@
 """The inspection API: values against direct computations, on a tiny model, on every backend."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -126,6 +128,10 @@ def test_nonlocal_attention_maps_reproduce_the_blocks():
         assert entry["gamma"] == pytest.approx(0.7) and entry["attention"] == "softmax"
     with pytest.raises(ValueError, match=r"query_pixels.*\[0, 8\) x \[0, 8\).*\(8, 0\)"):
         inspection.nonlocal_attention(model, x, [(8, 0)])
+    # One pixel instead of a list of them, floats (not truncated), NaN: the same error.
+    for bad in ((3, 4), [3], None, [(3.9, 4)], [(float("nan"), 1)], [(True, 1)]):
+        with pytest.raises(ValueError, match=re.escape(f"Received: query_pixels={bad!r}")):
+            inspection.nonlocal_attention(model, x, bad)
     with pytest.raises(ValueError, match="no non-local block"):
         inspection.nonlocal_attention(tiny_model(nonlocal_blocks=()), x, [(0, 0)])
     # The recording is undone: the blocks run their own `call` again.

@@ -74,6 +74,16 @@ def test_bad_weights_files_raise_clear_errors(tmp_path):
     corrupt.write_bytes(b"this is not an HDF5 file")
     with pytest.raises(ValueError, match="corrupt"):
         zoo.load("mnist-baseline", weights=str(corrupt), **small)
+    # Not a path or a keyword (from_preset's load_weights=False is a natural guess).
+    for weights in (False, True, 0):
+        with pytest.raises(ValueError, match=rf"`weights` must be .*Received: weights={weights!r}"):
+            zoo.load("mnist-baseline-small", weights=weights)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "bool", "not-a-dtype"])
+def test_dtype_override_must_be_a_float_policy(dtype):
+    with pytest.raises(ValueError, match=rf"`dtype` must be a float dtype or policy.*Received: dtype='{dtype}'"):
+        zoo.load("mnist-baseline-small", dtype=dtype)
 
 
 
