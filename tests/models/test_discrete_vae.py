@@ -53,6 +53,29 @@ class TestDiscreteVAE(TestCase):
         single = np.mean([model.log_likelihood(x, num_samples=1) for _ in range(50)], axis=0)
         assert np.mean(single) <= np.mean(exact) + 0.01
 
+    def test_inference_call_is_the_discrete_models_elbo(self):
+        """`nll` at inference is `-log p(x|z)` for exact draws `z ~ q`: its mean is the enumerated expectation."""
+        model = DiscreteVAE(**dict(TINY, num_latents=2, num_categories=3))
+        x = shapes_batch(4)
+        codes = np.stack([np.eye(3)[[a, b]] for a in range(3) for b in range(3)]).astype("float32")
+        logits = to_numpy(model.decode(codes))  # (9, 8, 8, 1)
+        log_px_z = np.stack(
+            [(x * -np.logaddexp(0, -l) + (1 - x) * -np.logaddexp(0, l)).reshape(4, -1).sum(-1) for l in logits], axis=1
+        )
+        q = to_numpy(model.encode(x))  # (4, 2, 3)
+        q_codes = np.stack([q[:, 0, a] * q[:, 1, b] for a in range(3) for b in range(3)], axis=1)  # (4, 9)
+        expected_nll = -(q_codes * log_px_z).sum(axis=1)
+        draws = 500
+        nll = to_numpy(model(np.repeat(x, draws, axis=0), training=False))["nll"].reshape(4, draws)
+        stderr = nll.std(axis=1, ddof=1) / np.sqrt(draws)
+        assert np.all(np.abs(nll.mean(axis=1) - expected_nll) < 4 * stderr + 1e-3), (nll.mean(axis=1), expected_nll)
+        # Every value is one of the nine codes' (a hard draw, not a relaxed mixture).
+        assert np.all(np.min(np.abs(nll[..., None] + log_px_z[:, None, :]), axis=-1) < 1e-3)
+        # The ELBO bounds the exact log p(x).
+        exact = np.logaddexp.reduce(log_px_z + 2 * np.log(1 / 3), axis=1)
+        kl = to_numpy(model(x, training=False))["kl"]
+        assert np.all(-expected_nll - kl <= exact + 1e-4)
+
     def test_methods(self):
         model = DiscreteVAE(**TINY)
         x = shapes_batch(4)
