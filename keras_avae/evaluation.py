@@ -9,11 +9,13 @@ of any size with any K gets its answer instead of being killed.
 full MNIST evaluation with K = 100 takes hours on a CPU.
 """
 
+import hashlib
 import json
 import math
 import os
 import pathlib
 import time
+import warnings
 
 import numpy as np
 from keras import ops
@@ -33,10 +35,14 @@ def importance_sampled_log_likelihood(model, x, num_samples=100, chunk_size=None
     and the samples of each group into chunks, each pass holding at most
     `_max_rows_per_pass(model)` image-samples (what half the available
     memory holds; a batch that fits is scored as before, in one group).
-    Only when not a
-    single image-sample fits is the batch refused, with a `ValueError` that
-    gives the estimate. The budget is the host's memory (what a CPU run
-    uses); an accelerator's own memory is not looked at.
+    Only when not a single image-sample fits is the batch refused, with a
+    `ValueError` that gives the estimate. The budget is the host's memory
+    (what a CPU run uses); an accelerator's own memory is not looked at.
+
+    The passes decide which samples are drawn, so a batch split further to
+    fit in memory gets other draws than on a machine with more memory; a
+    `UserWarning` then says so. An explicit `chunk_size` for which
+    `chunk_size x B` image-samples fit gives the same draws everywhere.
 
     Args:
         model: a keras-avae VAE (it provides `bottom_up` and `log_weights`).
@@ -64,11 +70,7 @@ def importance_sampled_log_likelihood(model, x, num_samples=100, chunk_size=None
         chunk_size = check_positive_int(chunk_size, "chunk_size")
     x = _checked_images(model, x, "x")
     batch = int(x.shape[0])
-    max_rows = _max_rows_per_pass(model)
-    if chunk_size is None:
-        chunk_size = max(1, min(num_samples, min(_MAX_ROWS, max_rows) // batch))
-    chunk_size = min(chunk_size, num_samples, max_rows)
-    images_per_pass = max(1, min(batch, max_rows // chunk_size))
+    chunk_size, images_per_pass = _pass_plan(model, batch, num_samples, chunk_size)
     log_weights = _compiled_log_weights(model)
     estimates = []
     for start in range(0, batch, images_per_pass):
@@ -82,6 +84,53 @@ def importance_sampled_log_likelihood(model, x, num_samples=100, chunk_size=None
         peak = log_w.max(axis=1, keepdims=True)
         estimates.append(peak[:, 0] + np.log(np.exp(log_w - peak).sum(axis=1)) - math.log(num_samples))
     return np.concatenate(estimates)
+
+
+def _pass_plan(model, batch, num_samples, chunk_size):
+    """`(samples per pass, images per pass)` for scoring `batch` images with K = `num_samples`.
+
+    The passes decide the random draws: a batch split into other passes is
+    scored with other samples (the same estimator). The plan is the one
+    memory does not limit, unless that does not fit in the memory available
+    now; then a `UserWarning` says so, since the same call elsewhere (or a
+    resumed run) draws other samples. An explicit `chunk_size` that fits
+    makes the plan the same on every machine.
+    """
+    available, max_rows = _memory_budget(model)
+    plan = _plan_within(batch, num_samples, chunk_size, max_rows)
+    unconstrained = _plan_within(batch, num_samples, chunk_size, math.inf)
+    if plan != unconstrained:
+        if available is None:
+            memory = f"the available memory is unknown, so a pass holds at most {max_rows} image-samples"
+        else:
+            memory = (
+                f"a pass may hold {max_rows} image-samples: {_MEMORY_SAFETY:g} of the {available / 2**20:.1f} MiB "
+                f"available, at about {_bytes_per_row(model) / 2**20:.2f} MiB each"
+            )
+        fits = max_rows // batch
+        remedy = (
+            f"pass `chunk_size={fits}` or less (chunk_size x {batch} images must fit)"
+            if fits
+            else f"score batches of at most {max_rows} images, with an explicit `chunk_size`"
+        )
+        warnings.warn(
+            f"The passes that score {batch} images with K = {num_samples} were shrunk to fit in memory: "
+            f"{plan[0]} samples x {plan[1]} images per pass instead of {unconstrained[0]} samples x "
+            f"{unconstrained[1]} images ({memory}). The estimator is the same, but the Monte Carlo draws "
+            "differ from those of a run with more memory, so the numbers differ from the same call (or "
+            f"an uninterrupted run) elsewhere. For the same draws everywhere, {remedy}.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return plan
+
+
+def _plan_within(batch, num_samples, chunk_size, max_rows):
+    """The pass plan when one pass may hold `max_rows` image-samples (`math.inf`: unlimited)."""
+    if chunk_size is None:
+        chunk_size = max(1, min(num_samples, min(_MAX_ROWS, max_rows) // batch))
+    chunk_size = min(chunk_size, num_samples, max_rows)
+    return int(chunk_size), int(max(1, min(batch, max_rows // chunk_size)))
 
 
 def _checked_images(model, x, name):
@@ -163,9 +212,14 @@ def _max_rows_per_pass(model):
     one image-sample fits. Where the available memory is unknown (no
     `/proc/meminfo`), `_MAX_ROWS`.
     """
+    return _memory_budget(model)[1]
+
+
+def _memory_budget(model):
+    """`(available bytes or None, rows)`: `_max_rows_per_pass` with the memory it was computed from."""
     available = _available_memory_bytes()
     if available is None:
-        return _MAX_ROWS
+        return None, _MAX_ROWS
     per_row = _bytes_per_row(model)
     rows = int(available * _MEMORY_SAFETY // per_row)
     if rows < 1:
@@ -174,7 +228,7 @@ def _max_rows_per_pass(model):
             f"and {_MEMORY_SAFETY:g} of the {available / 2**20:.1f} MiB available is planned for. "
             "Free memory or use a smaller model."
         )
-    return rows
+    return available, rows
 
 
 def _compiled_log_weights(model):
@@ -237,6 +291,8 @@ def score_batches(
         run_info: optional JSON-serialisable dict that identifies the run
             (model name, weights, data). A progress file written for
             different `run_info`, `num_samples` or `seed` is refused.
+            Without it, the file records the model's class and a sha256 of
+            its weights instead, so another model's file is refused too.
         report: optional `report(images_done, log_px_so_far, seconds)`
             callable, called after every batch (e.g. to print progress).
         chunk_size: the most samples per top-down pass, as in
@@ -263,10 +319,12 @@ def score_batches(
         raise ValueError(f"`seed` must be an int in [0, 2**20). Received: seed={seed!r}")
     if not model.built:
         model.build()  # its seed generators must exist before the first reseed
-    identity = _progress_identity(run_info, num_samples, seed)
     state = {"log_px": [], "elbo": [], "checksums": [], "seconds": 0.0}
-    if progress_path is not None and os.path.exists(progress_path):
-        state = _read_progress(progress_path, identity)
+    if progress_path is not None:
+        # Without `run_info`, only the weights tell two models' files apart.
+        identity = _progress_identity(_model_fingerprint(model) if run_info is None else run_info, num_samples, seed)
+        if os.path.exists(progress_path):
+            state = _read_progress(progress_path, identity)
     resumed = len(state["log_px"])
     done_batches = len(state["checksums"])
     start, seen = time.time(), 0
@@ -353,6 +411,14 @@ def _reseed(model, seed, batch_index):
 def _progress_identity(run_info, num_samples, seed):
     """What a progress file records of its run, as the file holds it after a JSON round trip."""
     return json.loads(json.dumps({"num_samples": num_samples, "seed": seed, **(run_info or {})}))
+
+
+def _model_fingerprint(model):
+    """The model's class name and a sha256 of all its weights (float32 bytes, in order)."""
+    digest = hashlib.sha256()
+    for weight in model.weights:
+        digest.update(np.asarray(ops.convert_to_numpy(weight), np.float32).tobytes())
+    return {"model": type(model).__name__, "model_weights_sha256": digest.hexdigest()}
 
 
 def _load_progress(path):
@@ -449,7 +515,11 @@ def paired_difference(scores_a, scores_b):
 
     Raises:
         ValueError: when the two hold different numbers of images, or
-            non-finite values.
+            non-finite values; for two progress files, also when they
+            scored other images: other per-batch pixel sums, or another
+            `split`, `limit`, `every`, `batch_size` or `seed` (which seeds
+            the binarisation) where both record one. The model, its weights
+            and K may differ.
 
     Example:
 
@@ -457,6 +527,8 @@ def paired_difference(scores_a, scores_b):
     >>> d["nll_difference_nats"], d["stderr"], d["num_examples"]
     (-2.5, 0.5, 2)
     """
+    if all(isinstance(scores, (str, os.PathLike)) for scores in (scores_a, scores_b)):
+        _check_same_images(scores_a, scores_b)
     a = _per_image_scores(scores_a, "scores_a")
     b = _per_image_scores(scores_b, "scores_b")
     if a.shape != b.shape:
@@ -470,6 +542,44 @@ def paired_difference(scores_a, scores_b):
         "stderr": float(difference.std(ddof=1) / math.sqrt(difference.size)) if difference.size > 1 else None,
         "num_examples": int(difference.size),
     }
+
+
+# Identity keys of a progress file that select or prepare the images (the
+# CLI's seed also binarises them); the others name the model, its settings and K.
+_DATA_KEYS = ("split", "limit", "every", "batch_size", "seed")
+
+
+def _check_same_images(path_a, path_b):
+    """Refuses two progress files that cannot have scored the same images.
+
+    Files without an identity (plain `log_px` files) are not checked.
+    """
+    for path in (path_a, path_b):
+        with np.load(path, allow_pickle=False) as data:
+            if "identity" not in data.files:
+                return
+    (identity_a, state_a), (identity_b, state_b) = _load_progress(path_a), _load_progress(path_b)
+    differences = [
+        f"{key} {identity_a[key]!r} vs {identity_b[key]!r}"
+        for key in _DATA_KEYS
+        if key in identity_a and key in identity_b and identity_a[key] != identity_b[key]
+    ]
+    sums_a, sums_b = np.asarray(state_a["checksums"]), np.asarray(state_b["checksums"])
+    if sums_a.shape != sums_b.shape:
+        differences.append(f"{sums_a.size} vs {sums_b.size} scored batches")
+    else:
+        # The tolerance of `score_batches`' own check of a resumed batch.
+        unequal = np.flatnonzero(~np.isclose(sums_a, sums_b, rtol=1e-9, atol=1e-6))
+        if unequal.size:
+            i = int(unequal[0])
+            differences.append(
+                f"per-batch pixel sums in {unequal.size} batches (batch {i}: {float(sums_a[i])} vs {float(sums_b[i])})"
+            )
+    if differences:
+        raise ValueError(
+            f"`scores_a` and `scores_b` must score the same images, but {os.fspath(path_a)!r} and "
+            f"{os.fspath(path_b)!r} differ in: {'; '.join(differences)}"
+        )
 
 
 def _per_image_scores(scores, name):

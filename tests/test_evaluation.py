@@ -5,7 +5,10 @@ survive being stopped: a run cut short and resumed from its progress file
 must give exactly the numbers of one uninterrupted run.
 """
 
+import contextlib
+import json
 import math
+import warnings
 
 import keras
 import numpy as np
@@ -25,6 +28,18 @@ def model():
     model = HierarchicalVAE(**TINY)
     model.build()
     return model
+
+
+@contextlib.contextmanager
+def other_weights(model):
+    """`model` with one weight changed: another model, without compiling one."""
+    weight = model.weights[0]
+    original = ops.convert_to_numpy(weight)
+    weight.assign(original + 0.1)
+    try:
+        yield model
+    finally:
+        weight.assign(original)
 
 
 class Interrupted(Exception):
@@ -90,16 +105,35 @@ def test_seed_sets_the_samples_of_every_batch(model):
 def test_progress_file_of_another_run_is_refused(model, tmp_path):
     progress = str(tmp_path / "progress.npz")
     evaluation.score_batches(model, BATCHES[:1], num_samples=2, progress_path=progress, run_info={"name": "a"})
+    # With `run_info`, the file records it as before (the CLI's files stay resumable).
+    with np.load(progress) as saved:
+        assert json.loads(str(saved["identity"])) == {"name": "a", "num_samples": 2, "seed": 0}
     with pytest.raises(ValueError, match=r"num_samples: file 2, this run 3"):
         evaluation.score_batches(model, BATCHES[:1], num_samples=3, progress_path=progress, run_info={"name": "a"})
     with pytest.raises(ValueError, match=r"name: file 'a', this run 'b'"):
         evaluation.score_batches(model, BATCHES[:1], num_samples=2, progress_path=progress, run_info={"name": "b"})
     # Same identity, other pixels: the data changed under the file.
     with pytest.raises(ValueError, match=r"Batch 0 differs .*progress_path="):
-        evaluation.score_batches(model, [1.0 - BATCHES[0]], num_samples=2, progress_path=progress, run_info={"name": "a"})
+        evaluation.score_batches(
+            model, [1.0 - BATCHES[0]], num_samples=2, progress_path=progress, run_info={"name": "a"}
+        )
     # Fewer batches than the file scored.
     with pytest.raises(ValueError, match=r"holds 1 scored batches but the data has only 0"):
         evaluation.score_batches(model, [], num_samples=2, progress_path=progress, run_info={"name": "a"})
+
+
+def test_progress_file_of_another_model_is_refused(model, tmp_path):
+    # Without `run_info`, the file recorded only K and the seed: scoring
+    # model B with model A's file returned A's scores.
+    progress = str(tmp_path / "progress.npz")
+    first = evaluation.score_batches(model, BATCHES[:1], num_samples=2, progress_path=progress)
+    sha = r"'[0-9a-f]{64}'"
+    with other_weights(model), pytest.raises(ValueError, match=rf"model_weights_sha256: file {sha}, this run {sha}"):
+        evaluation.score_batches(model, BATCHES[:1], num_samples=2, progress_path=progress)
+    # The same model resumes its own file.
+    again = evaluation.score_batches(model, BATCHES[:1], num_samples=2, progress_path=progress)
+    assert again["resumed_images"] == 3
+    np.testing.assert_array_equal(again["log_px"], first["log_px"])
 
 
 def test_corrupt_progress_file_names_the_path(model, tmp_path):
@@ -129,18 +163,54 @@ def test_summarize_matches_the_formulas():
 
 
 def test_paired_difference_of_two_progress_files(model, tmp_path):
+    # Two models (other weights) with two K on the same images: what pairing is for.
     first, second = tmp_path / "a.npz", tmp_path / "b.npz"
     a = evaluation.score_batches(model, BATCHES, num_samples=2, seed=1, progress_path=str(first))["log_px"]
-    b = evaluation.score_batches(model, BATCHES, num_samples=4, seed=2, progress_path=str(second))["log_px"]
+    with other_weights(model):
+        b = evaluation.score_batches(model, BATCHES, num_samples=4, seed=1, progress_path=str(second))["log_px"]
     d = evaluation.paired_difference(str(first), str(second))
     # NLL_a - NLL_b and the standard error of the per-image differences, by hand.
     per_image = [b_i - a_i for a_i, b_i in zip(a.tolist(), b.tolist())]
     mean = sum(per_image) / len(per_image)
     spread = math.sqrt(sum((v - mean) ** 2 for v in per_image) / (len(per_image) - 1))
+    assert mean != 0.0
     assert d["num_examples"] == 9
     assert d["nll_difference_nats"] == pytest.approx(mean)
     assert d["stderr"] == pytest.approx(spread / 3.0)
     assert evaluation.paired_difference(a, a)["nll_difference_nats"] == 0.0
+
+
+def test_paired_difference_refuses_progress_files_of_other_images(model, tmp_path):
+    # Before, only the lengths were compared: files over other images paired silently.
+    first, other = tmp_path / "a.npz", tmp_path / "other.npz"
+    a = evaluation.score_batches(model, BATCHES[:2], num_samples=2, seed=1, progress_path=str(first))["log_px"]
+    b = evaluation.score_batches(
+        model, [BATCHES[0], 1.0 - BATCHES[1]], num_samples=2, seed=1, progress_path=str(other)
+    )["log_px"]
+    with pytest.raises(ValueError, match=r"same images.* differ in: per-batch pixel sums in 1 batches \(batch 1: "):
+        evaluation.paired_difference(str(first), str(other))
+    # Arrays, or one path, are paired as before: nothing to compare them by.
+    assert evaluation.paired_difference(str(first), b)["num_examples"] == 6
+    assert evaluation.paired_difference(a, b)["num_examples"] == 6
+
+    def written(file, **identity):
+        path = tmp_path / f"{file}.npz"
+        identity = {"name": "m", "num_samples": 2, "split": "test", "batch_size": 3, "seed": 0, **identity}
+        state = {"log_px": [-1.0, -2.0, -4.0], "elbo": [-5.0] * 3, "checksums": [17.0], "seconds": 0.0}
+        evaluation._write_progress(str(path), identity, state)
+        return path
+
+    base = written("base")
+    # Another model, weights or K: the point of pairing.
+    assert evaluation.paired_difference(base, written("b", name="n", weights_sha256="ab", num_samples=9))
+    # A key one file lacks is not compared (files written before `--every`).
+    assert evaluation.paired_difference(base, written("c", every=2))
+    with pytest.raises(ValueError, match=r"differ in: split 'test' vs 'validation'"):
+        evaluation.paired_difference(base, written("d", split="validation"))
+    with pytest.raises(ValueError, match=r"differ in: batch_size 3 vs 1; seed 0 vs 1"):
+        evaluation.paired_difference(base, written("e", batch_size=1, seed=1))
+    with pytest.raises(ValueError, match=r"differ in: limit 3 vs 300"):
+        evaluation.paired_difference(written("g", limit=3), written("h", limit=300))
 
 
 def test_paired_difference_refuses_unpaired_scores():
@@ -173,10 +243,15 @@ class ConstantWeights(keras.Model):
         return 1000
 
 
-def budget(model, rows, monkeypatch):
-    """Makes `rows` image-samples fit in the available memory; records each pass's (images, k)."""
+def memory_for(model, rows, monkeypatch):
+    """Makes exactly `rows` image-samples fit in the available memory."""
     available = rows * evaluation._bytes_per_row(model) / evaluation._MEMORY_SAFETY
     monkeypatch.setattr(evaluation, "_available_memory_bytes", lambda: available + 1)
+
+
+def budget(model, rows, monkeypatch):
+    """Makes `rows` image-samples fit in the available memory; records each pass's (images, k)."""
+    memory_for(model, rows, monkeypatch)
     passes = []
     compiled = evaluation._compiled_log_weights
 
@@ -204,7 +279,8 @@ def test_chunked_evaluation_equals_one_pass(monkeypatch):
     whole = evaluation.importance_sampled_log_likelihood(model, x, num_samples=5)
     np.testing.assert_allclose(whole, -x.reshape(12, -1).sum(1), rtol=1e-6)
     passes = budget(model, 3, monkeypatch)
-    chunked = evaluation.importance_sampled_log_likelihood(model, x, num_samples=5)
+    with pytest.warns(UserWarning, match="shrunk to fit in memory"):
+        chunked = evaluation.importance_sampled_log_likelihood(model, x, num_samples=5)
     assert passes and max(n * k for n, k in passes) <= 3
     assert sum(n * k for n, k in passes) == 12 * 5  # every image-sample once
     np.testing.assert_allclose(chunked, whole, rtol=1e-6)
@@ -217,7 +293,8 @@ def test_large_batch_is_split_to_fit_in_memory(model, monkeypatch):
     # shapes other tests compile already, so JAX's eager passes stay cheap).
     whole = evaluation.score_batches(model, BATCHES, num_samples=4, seed=2)
     passes = budget(model, 6, monkeypatch)
-    split = evaluation.score_batches(model, BATCHES, num_samples=4, seed=2)
+    with pytest.warns(UserWarning, match="shrunk to fit in memory"):
+        split = evaluation.score_batches(model, BATCHES, num_samples=4, seed=2)
     # Split into more passes than batches, none over the budget.
     assert len(passes) > len(BATCHES), passes
     assert max(n * k for n, k in passes) <= 6, passes
@@ -228,6 +305,56 @@ def test_large_batch_is_split_to_fit_in_memory(model, monkeypatch):
     for key in ("log_px", "elbo"):
         diff = split[key] - whole[key]
         assert abs(diff.mean()) < 4 * diff.std(ddof=1) / math.sqrt(diff.size) + 0.1, (key, diff)
+
+
+def shrink_warnings(call):
+    """`call()`'s result, and the messages of the pass-plan warnings it emitted."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = call()
+    return result, [str(w.message) for w in caught if "shrunk to fit in memory" in str(w.message)]
+
+
+def test_passes_shrunk_to_fit_in_memory_warn(monkeypatch):
+    # The passes decide the draws: a plan shrunk by the memory of the moment
+    # gives other numbers than the same call on a larger machine, or than an
+    # uninterrupted run when a run is resumed. Before, silently.
+    model = ConstantWeights()
+    x = np.concatenate([shapes_batch(4, seed=i) for i in range(3)])  # 12 images
+    score = evaluation.importance_sampled_log_likelihood
+    passes = budget(model, 30, monkeypatch)
+    _, messages = shrink_warnings(lambda: score(model, x, num_samples=5))
+    assert len(messages) == 1, messages
+    assert "2 samples x 12 images per pass instead of 5 samples x 12 images" in messages[0]
+    # 30 rows x 64,000 bytes, doubled: 3.7 MiB.
+    assert "30 image-samples: 0.5 of the 3.7 MiB available, at about 0.06 MiB each" in messages[0]
+    assert "Monte Carlo draws differ from those of a run with more memory" in messages[0]
+    assert "pass `chunk_size=2` or less" in messages[0]
+    # That chunk_size fits: the plan is the one plentiful memory gives.
+    passes.clear()
+    fitting, messages = shrink_warnings(lambda: score(model, x, 5, chunk_size=2))
+    assert not messages and passes == [(12, 2), (12, 2), (12, 1)]
+    memory_for(model, 10**6, monkeypatch)
+    passes.clear()
+    plentiful, messages = shrink_warnings(lambda: score(model, x, 5, chunk_size=2))
+    assert not messages and passes == [(12, 2), (12, 2), (12, 1)]
+    np.testing.assert_array_equal(fitting, plentiful)
+    # Not even the given chunk_size fits: the images are split, which warns too.
+    memory_for(model, 3, monkeypatch)
+    _, messages = shrink_warnings(lambda: score(model, x, 5, chunk_size=2))
+    assert len(messages) == 1, messages
+    assert "2 samples x 1 images per pass instead of 2 samples x 12 images" in messages[0]
+    assert "batches of at most 3 images" in messages[0]
+
+
+def test_plentiful_memory_keeps_the_plan_and_the_numbers(model, monkeypatch):
+    whole = evaluation.score_batches(model, BATCHES[:1], num_samples=4, seed=2)  # this machine's memory
+    passes = budget(model, 10**6, monkeypatch)
+    again, messages = shrink_warnings(lambda: evaluation.score_batches(model, BATCHES[:1], num_samples=4, seed=2))
+    assert not messages
+    assert passes == [(3, 4)]
+    np.testing.assert_array_equal(again["log_px"], whole["log_px"])
+    np.testing.assert_array_equal(again["elbo"], whole["elbo"])
 
 
 def test_too_little_memory_for_one_sample_is_refused(model, monkeypatch):
