@@ -631,10 +631,11 @@ def test_train_applies_the_recipe_augmentation_and_set_epochs(tmp_path, capsys, 
         return calls["dataset"]
 
     monkeypatch.setattr(datasets, "make_dataset", make_dataset)
-    monkeypatch.setattr(training, "train", lambda *args, **kwargs: calls.update(train=kwargs))
+    monkeypatch.setattr(training, "train", lambda name, stream, *args, **kwargs: calls.update(train=kwargs, stream=stream))
     argv = ["train", "cifar10-baseline-small", "--data-dir", str(tmp_path / "cifar"), "--output", str(tmp_path / "r")]
     argv += ["--batch-size", "4", "--set", "epochs=3", "--verbose", "0"]
     assert run_main(argv, capsys)[0] == 0
+    calls["stream"](0)  # the data train() would read from its first batch
     # The recipe's horizontal flips reach the pipeline and the run's record.
     assert calls["random_flip"] is True and calls["train"]["data_info"]["random_flip"] is True
     assert calls["train"]["epochs"] == 3  # --set epochs=3 is --epochs 3
@@ -645,4 +646,60 @@ def test_train_applies_the_recipe_augmentation_and_set_epochs(tmp_path, capsys, 
     assert any(flipped) and not all(flipped)
     # Without augmentation, no flips and nothing recorded.
     assert run_main(argv + ["--set", "augmentation=[]"], capsys)[0] == 0
+    calls["stream"](0)
     assert calls["random_flip"] is False and "random_flip" not in calls["train"]["data_info"]
+
+
+def test_train_stopped_mid_epoch_resumes_on_the_same_batches(tmp_path, capsys, monkeypatch):
+    """A run stopped by SIGINT mid-epoch and resumed ends with the weights of an uninterrupted run.
+
+    The data stream continues where it stopped (before, the resumed run
+    started the data over: it saw the first batches again, and never the
+    rest of the interrupted epoch).
+    """
+    import signal
+
+    import h5py
+    import keras
+
+    from keras_avae import training
+
+    data = tmp_path / "mnist"
+    data.mkdir()
+    make_mnist_dir(data, n_train=16, n_test=2)
+    real_train = training.train
+
+    class StopAt(keras.callbacks.Callback):
+        def __init__(self, batch):
+            super().__init__()
+            self.batch, self.seen = batch, 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen += 1
+            if self.seen == self.batch:
+                signal.raise_signal(signal.SIGINT)
+
+    def run(out, stop_at=None):
+        monkeypatch.setattr(
+            training, "train", lambda *a, **kw: real_train(*a, callbacks=[StopAt(stop_at)] if stop_at else [], **kw)
+        )
+        argv = ["train", "mnist-baseline-small", "--data-dir", str(data), "--output", str(out), "--epochs", "2"]
+        argv += ["--steps-per-epoch", "3", "--batch-size", "4", "--verbose", "0"]  # 4 batches of 4 per pass
+        return run_main(argv + sets(TINY_SETS + ["warmup_epochs=1", "kl_warmup_epochs=1"]), capsys)[0]
+
+    def weights(out):
+        with h5py.File(out / "model.weights.h5") as f:
+            arrays = []
+            f.visititems(lambda name, obj: arrays.append((name, obj[()])) if isinstance(obj, h5py.Dataset) else None)
+        return arrays
+
+    assert run(tmp_path / "reference") == 0
+    # The signal comes at the end of batch 1; the run stops after the step under way: epoch 1, step 2 of 3.
+    assert run(tmp_path / "stopped", stop_at=1) == 130
+    state = json.loads((tmp_path / "stopped" / "backup" / "checkpoint.json").read_text())
+    assert (state["epoch"], state["step"]) == (0, 2), state
+    assert run(tmp_path / "stopped") == 0
+    reference, resumed = weights(tmp_path / "reference"), weights(tmp_path / "stopped")
+    assert [name for name, _ in reference] == [name for name, _ in resumed]
+    for (name, a), (_, b) in zip(reference, resumed):
+        np.testing.assert_array_equal(a, b, err_msg=name)

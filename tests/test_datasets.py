@@ -491,6 +491,34 @@ def test_limit_repeat_and_argument_errors(tmp_path):
     assert datasets.image_shape("cifar10") == (32, 32, 3)
 
 
+def test_start_batch_addresses_one_endless_stream(tmp_path):
+    """A stream started at batch b is the stream from 0 without its first b batches (what a resumed run reads)."""
+    make_mnist_dir(tmp_path, n_train=10)
+
+    def stream(start, count, **kwargs):
+        ds = datasets.make_dataset(
+            "mnist", "train", tmp_path, batch_size=4, seed=3, repeat=True, start_batch=start, with_labels=True, **kwargs
+        )
+        return [(np.asarray(x), np.asarray(y)) for x, y in ds.take(count)]
+
+    whole = stream(0, 12)
+    for start in (1, 2, 5, 7):  # 2.5 batches a pass: starts inside and at the edges of passes
+        for (x, y), (x_start, y_start) in zip(whole[start:], stream(start, 12 - start)):
+            np.testing.assert_array_equal(x, x_start)
+            np.testing.assert_array_equal(y, y_start)
+    assert whole[0][0].shape == (4, 32, 32, 1) and set(np.unique(whole[0][0])) <= {0.0, 1.0}
+    # Each pass is a permutation of the 10 images, reshuffled from pass to pass.
+    labels = np.concatenate([y for _, y in whole])[:40].reshape(4, 10)
+    assert all(sorted(row) == sorted(labels[0]) for row in labels) and len({tuple(row) for row in labels}) > 1
+    for kwargs, match in (
+        (dict(repeat=False, seed=3, start_batch=0), "needs `repeat=True` and a `seed`"),
+        (dict(repeat=True, seed=None, start_batch=0), "needs `repeat=True` and a `seed`"),
+        (dict(repeat=True, seed=3, start_batch=-1), r"Received: start_batch=-1"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            datasets.make_dataset("mnist", "train", tmp_path, batch_size=4, **kwargs)
+
+
 def test_every_keeps_a_spread_subset_with_the_whole_splits_binary_images(tmp_path):
     make_mnist_dir(tmp_path, n_test=10)
     whole = np.concatenate(batches(datasets.make_dataset("mnist", "test", tmp_path, batch_size=4, seed=3)))

@@ -510,6 +510,9 @@ def test_train_writes_everything_and_guards_nan(tmp_path):
     batch = int(str(stopped.value).split("epoch 1, batch ")[1].split(")")[0])  # where the NaN batch fell
     assert state["epoch"] * 3 + state["step"] == batch  # the steps run before the stop, no more
     assert state["iterations"] == batch - 1
+    # A larger limit continues the stopped run (a stop limit, not a training setting).
+    resumed = training.train("mnist-baseline", x, tmp_path / "strict", epochs=2, max_nonfinite_steps=5, **kwargs)
+    assert int(numpy_of(resumed.optimizer.nonfinite_steps)) == 2 and (tmp_path / "strict" / "model.keras").exists()
 
 
 # ---------------------------------------------------------------------- #

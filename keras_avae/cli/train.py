@@ -46,22 +46,26 @@ def _cmd_train(args):
     batches = min(examples, args.limit or examples) // global_batch  # full batches only
     steps = args.steps_per_epoch or recipe.get("steps_per_epoch") or max(1, batches)
     _check_enough_data(args.limit, examples, global_batch, steps)
-    # Fewer steps than batches: one stream over the epochs (a finite dataset
-    # would be cut short in the epoch where it runs out).
-    train_data = datasets.make_dataset(
-        data,
-        "train",
-        args.data_dir,
-        global_batch,
-        seed=args.seed,
-        limit=args.limit,
-        # tf.distribute shards the pipeline itself; on JAX, Keras splits
-        # each global batch over the devices and processes.
-        strategy=strategy if training.BACKEND == "tensorflow" else None,
-        repeat=steps < batches,
-        random_flip=random_flip,
-        resize_images=args.resize_images,
-    )
+
+    def train_data(start_batch):
+        # One endless stream over the epochs, made from --seed: a resumed
+        # run continues it at the batch where it stopped.
+        return datasets.make_dataset(
+            data,
+            "train",
+            args.data_dir,
+            global_batch,
+            seed=args.seed,
+            limit=args.limit,
+            # tf.distribute shards the pipeline itself; on JAX, Keras splits
+            # each global batch over the devices and processes.
+            strategy=strategy if training.BACKEND == "tensorflow" else None,
+            repeat=True,
+            start_batch=start_batch,
+            random_flip=random_flip,
+            resize_images=args.resize_images,
+        )
+
     start = time.time()
     training.train(
         args.name,

@@ -69,6 +69,7 @@ def make_dataset(
     input_context=None,
     resize_images=False,
     every=None,
+    start_batch=None,
 ):
     """A `tf.data.Dataset` of image batches in the models' input range.
 
@@ -135,6 +136,15 @@ def make_dataset(
         resize_images: bool; for a folder of images, resize those of another
             size than 28x28 (grey) or 32x32 (RGB) instead of raising (see
             `read_image_folder`); the original files ignore it.
+        start_batch: `None`, or an int >= 0 with `repeat=True` and a `seed`:
+            an endless stream that is a function of `seed` alone, started
+            at global batch `start_batch` as if that many batches had been
+            taken (pass `p` over the data is shuffled from `(seed, p)`,
+            batch `b` binarised and flipped from `(seed, b)`). A resumed
+            training run continues the stream where it stopped (what
+            `keras-avae train` does); every new iterator starts at the same
+            place. With `None`, `repeat=True` reshuffles from the
+            dataset's own random state.
 
     Returns:
         A `tf.data.Dataset` (a distributed dataset under `strategy`) of
@@ -162,6 +172,7 @@ def make_dataset(
         resize_images=resize_images,
         every=every,
     )
+    _check_start_batch(start_batch, repeat, seed, strategy)
     if strategy is not None and seed is None:
         seed = 0  # Every worker must shuffle, binarise and flip alike.
     shuffle = split == "train" if shuffle is None else bool(shuffle)
@@ -188,6 +199,7 @@ def make_dataset(
         random_flip=bool(random_flip),
         with_labels=bool(with_labels),
         shuffle_buffer_size=shuffle_buffer_size or max(1, images.shape[0]),
+        start_batch=start_batch,
     )
     tf = _tf()
     if strategy is not None:
@@ -247,6 +259,43 @@ def _check_arguments(
             )
 
 
+def _check_start_batch(start_batch, repeat, seed, strategy):
+    if start_batch is None:
+        return
+    if not _is_int(start_batch, 0):
+        raise ValueError(f"`start_batch` must be a non-negative int or None. Received: start_batch={start_batch!r}")
+    if not repeat or (seed is None and strategy is None):
+        raise ValueError(
+            "`start_batch` addresses an endless stream made from a seed: it needs `repeat=True` and a `seed`. "
+            f"Received: start_batch={start_batch}, repeat={repeat!r}, seed={seed!r}"
+        )
+
+
+def _addressable_batches(tf, images, labels, batch_size, shuffle, shuffle_seed, start_batch):
+    """`((images, labels), batch_index)` from global batch `start_batch` of an endless stream.
+
+    Stateless: pass `p` over the examples is shuffled from `(shuffle_seed,
+    p)`, so any batch is found without producing the ones before it (only
+    the skipped part of one pass of indices is read).
+    """
+    count = int(images.shape[0])
+    first_pass, offset = divmod(start_batch * batch_size, count)
+
+    def order(pass_index):
+        indices = tf.range(count, dtype=tf.int64)
+        if shuffle:
+            seed = tf.stack([tf.constant(shuffle_seed, tf.int64), pass_index])
+            indices = tf.random.experimental.stateless_shuffle(indices, seed=seed)
+        return indices
+
+    indices = tf.data.Dataset.counter(first_pass).map(order).unbatch().skip(offset)
+    images, labels = tf.constant(images), tf.constant(labels)
+    batches = indices.batch(batch_size, drop_remainder=True).map(
+        lambda i: (tf.gather(images, i), tf.gather(labels, i))
+    )
+    return tf.data.Dataset.zip(batches, tf.data.Dataset.counter(start_batch))
+
+
 def _pipeline(
     tf,
     images,
@@ -264,20 +313,25 @@ def _pipeline(
     with_labels,
     shuffle_buffer_size,
     input_context,
+    start_batch=None,
 ):
     pipeline_id = 0
-    ds = tf.data.Dataset.from_tensor_slices((images, labels))
     if input_context is not None:
-        if input_context.num_input_pipelines > 1:
-            ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
         pipeline_id = input_context.input_pipeline_id
+        if input_context.num_input_pipelines > 1:
+            shards = input_context.num_input_pipelines
+            images, labels = images[pipeline_id::shards], labels[pipeline_id::shards]
         batch_size = input_context.get_per_replica_batch_size(batch_size)
     shuffle_seed, random_seed, _ = _seeds(seed, pipeline_id)
-    if shuffle:
-        ds = ds.shuffle(shuffle_buffer_size, seed=shuffle_seed, reshuffle_each_iteration=True)
-    if repeat:
-        ds = ds.repeat()
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    if start_batch is not None:
+        ds = _addressable_batches(tf, images, labels, batch_size, shuffle, shuffle_seed, start_batch)
+    else:
+        ds = tf.data.Dataset.from_tensor_slices((images, labels))
+        if shuffle:
+            ds = ds.shuffle(shuffle_buffer_size, seed=shuffle_seed, reshuffle_each_iteration=True)
+        if repeat:
+            ds = ds.repeat()
+        ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     paddings = [[0, 0], [_PAD, _PAD], [_PAD, _PAD], [0, 0]]
 
     def transform(pair, pair_seed=None):
@@ -295,7 +349,13 @@ def _pipeline(
             x = tf.pad(x, paddings)
         return (x, y) if with_labels else x
 
-    if dynamic or random_flip:
+    if start_batch is not None:
+        # Batch b's seed pair is (random_seed, b): the same wherever the stream starts.
+        ds = ds.map(
+            lambda pair, index: transform(pair, tf.stack([tf.constant(random_seed, tf.int64), index])),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+    elif dynamic or random_flip:
         # One stateless seed pair per batch, from a stream that is redrawn on
         # every iteration (epoch) yet reproducible from `seed`.
         stream = tf.data.Dataset.random(seed=random_seed, rerandomize_each_iteration=True).batch(2)

@@ -110,7 +110,8 @@ class NonFiniteMonitor(keras.callbacks.Callback):
                 f"Training stopped: {count} steps had a non-finite loss or gradient, more than "
                 f"max_nonfinite_steps={self.max_nonfinite_steps} (epoch {self._epoch + 1}, batch {batch + 1}). "
                 "Skipped steps changed nothing, so the weights are those of the last finite step. "
-                "Lower the learning rate, set global_clipnorm, or check the data for NaN/Inf."
+                "Lower the learning rate or set global_clipnorm (a new run: they change the recipe), check the "
+                "data for NaN/Inf, or continue this run with a larger max_nonfinite_steps."
             )
             print("\n" + self.stopped_message)
             self.model.stop_training = True

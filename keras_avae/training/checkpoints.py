@@ -5,8 +5,10 @@ import pathlib
 import time
 
 import keras
+import numpy as np
 from keras import ops
 
+from keras_avae.evaluation import _seed_states
 from keras_avae.keras_compat import set_initial_epoch
 from keras_avae.training.atomic_files import _atomic_write
 from keras_avae.training.atomic_files import _atomic_write_text
@@ -107,6 +109,10 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
                 f"Could not restore checkpoint {path} (another model or recipe in this output "
                 f"directory?): {error}"
             ) from error
+        seed_states = _seed_states(model)
+        if state.get("seed_states") is not None and len(state["seed_states"]) == len(seed_states):
+            for variable, value in zip(seed_states, state["seed_states"]):
+                variable.assign(ops.convert_to_tensor(np.array(value), variable.dtype))
         if model.optimizer is not None:
             iterations = int(ops.convert_to_numpy(model.optimizer.iterations))
             if iterations != state["iterations"]:
@@ -173,6 +179,10 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             "step": step,
             "iterations": int(ops.convert_to_numpy(model.optimizer.iterations)) if model.optimizer else 0,
             "steps_per_epoch": self.steps_per_epoch,
+            # Keras does not save seed generators' states with the weights: a
+            # resumed run would draw its samples (latents, dropout) again
+            # from the start of their streams.
+            "seed_states": [np.asarray(ops.convert_to_numpy(v)).tolist() for v in _seed_states(model)],
             "saved_at": time.time(),
         }
         _atomic_write_text(self.backup_dir / self.POINTER, json.dumps(state, indent=1))

@@ -125,6 +125,8 @@ def _differences(previous, record):
             for name in sorted(old.keys() & new.keys()):
                 if key == "config" and name == "synchronized_batch_norm":
                     continue  # follows the device count
+                if key == "recipe" and name == "max_nonfinite_steps":
+                    continue  # a stop limit: raised, it lets a stopped run go on
                 if old[name] != new[name]:
                     yield f"{key}.{name}", old[name], new[name]
         elif old != new:

@@ -248,8 +248,12 @@ def _logging_callbacks(output_dir, images_from, tensorboard, num_images):
     return logging
 
 
-def _fit(model, dataset, run, strategy, backup, monitor, epoch, step, fit_kwargs):
-    """Trains from `(epoch, step)` to `run.epochs`: the rest of an interrupted epoch, then whole epochs."""
+def _fit(model, data_at, run, strategy, backup, monitor, epoch, step, fit_kwargs):
+    """Trains from `(epoch, step)` to `run.epochs`: the rest of an interrupted epoch, then whole epochs.
+
+    `data_at(batch)` is the data from global batch `batch` on (the same
+    data for every `batch` unless `train` was given a stream function).
+    """
     if fit_kwargs.get("verbose"):
         fit_kwargs = dict(fit_kwargs, callbacks=fit_kwargs["callbacks"] + [_RunProgressBar(run.epochs)])
     try:
@@ -258,7 +262,7 @@ def _fit(model, dataset, run, strategy, backup, monitor, epoch, step, fit_kwargs
                 # Finish the interrupted epoch with its remaining steps.
                 backup.step_offset = step
                 model.fit(
-                    dataset,
+                    data_at(epoch * run.steps_per_epoch + step),
                     epochs=epoch + 1,
                     initial_epoch=epoch,
                     steps_per_epoch=run.steps_per_epoch - step,
@@ -268,7 +272,11 @@ def _fit(model, dataset, run, strategy, backup, monitor, epoch, step, fit_kwargs
                     epoch, step = epoch + 1, 0
             if epoch < run.epochs and step == 0 and monitor.stopped_message is None and not model.stop_training:
                 model.fit(
-                    dataset, epochs=run.epochs, initial_epoch=epoch, steps_per_epoch=run.steps_per_epoch, **fit_kwargs
+                    data_at(epoch * run.steps_per_epoch),
+                    epochs=run.epochs,
+                    initial_epoch=epoch,
+                    steps_per_epoch=run.steps_per_epoch,
+                    **fit_kwargs,
                 )
     finally:
         set_initial_epoch(model, None)
@@ -317,7 +325,8 @@ def train(
     A run killed at any moment (SIGKILL included) and started again with the
     same call resumes from its last checkpoint with weights, optimizer state,
     epoch and step (an interrupted epoch continues with its remaining
-    steps), KL coefficient and learning-rate step. At the end it writes
+    steps), KL coefficient and learning-rate step, and, given a stream
+    function as `dataset`, the next batch of the data. At the end it writes
     `model.keras` and `model.weights.h5` (atomically; the checkpoint stays, so
     calling again is a no-op and a larger `epochs` continues the run, the
     cosine stretched to the new length). After
@@ -344,8 +353,13 @@ def train(
         model: a zoo name, a `keras.Model` (created under `strategy.scope()`
             when the strategy has several replicas), or a function returning
             one.
-        dataset: a batched `tf.data.Dataset` of images (global batches), or a
-            NumPy array of images (then `batch_size` applies).
+        dataset: a batched `tf.data.Dataset` of images (global batches), a
+            NumPy array of images (then `batch_size` applies), or a function
+            `start_batch -> dataset` of an endless stream (with
+            `steps_per_epoch`), e.g. `datasets.make_dataset(...,
+            repeat=True, start_batch=start_batch)`: a resumed run then
+            trains on the batches an uninterrupted run would (a plain
+            dataset starts again from its beginning).
         output_dir: the run directory.
         epochs: total epochs; defaults to the recipe's.
         steps_per_epoch: steps per epoch; inferred for finite inputs.
@@ -409,6 +423,9 @@ def train(
     >>> int(keras.ops.convert_to_numpy(model.optimizer.iterations)), sorted(p.name for p in pathlib.Path(out).glob("model.*"))
     (2, ['model.keras', 'model.weights.h5'])
     """
+    stream = dataset if callable(dataset) else None
+    if stream is not None:
+        dataset = stream(0)
     run = _resolve_run(
         model, dataset, output_dir, epochs, steps_per_epoch, strategy, batch_size, recipe_overrides, data_info
     )
@@ -445,7 +462,8 @@ def train(
             else:
                 fit_kwargs["shuffle"] = False  # tf.data pipelines shuffle themselves (seeded)
             if stopper.signum is None:
-                _fit(model, dataset, run, strategy, backup, monitor, epoch, step, fit_kwargs)
+                data_at = (lambda batch: dataset) if stream is None else stream
+                _fit(model, data_at, run, strategy, backup, monitor, epoch, step, fit_kwargs)
         done = _committed_epoch(backup, epoch)
         if done < run.epochs and run.chief:
             # A stop mid-epoch logged a row for the unfinished epoch.
