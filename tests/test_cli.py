@@ -533,6 +533,15 @@ def test_a_jax_cache_the_user_configured_is_kept():
     assert jax.config.jax_compilation_cache_dir == configured
 
 
+def tiny_train_command(tmp_path):
+    """`(run folder, keras-avae train argv)` on 16 made-up MNIST training images."""
+    data = tmp_path / "mnist"
+    data.mkdir()
+    make_mnist_dir(data, n_train=16, n_test=2)
+    out = tmp_path / "run"
+    return out, ["train", "mnist-baseline-small", "--data-dir", str(data), "--output", str(out), "--verbose", "0"]
+
+
 @pytest.mark.parametrize(
     "flags, fragments",
     [
@@ -545,11 +554,7 @@ def test_a_jax_cache_the_user_configured_is_kept():
     ],
 )
 def test_train_with_too_little_data_fails_before_training(tmp_path, capsys, flags, fragments):
-    data = tmp_path / "mnist"
-    data.mkdir()
-    make_mnist_dir(data, n_train=16, n_test=2)
-    out = tmp_path / "run"
-    argv = ["train", "mnist-baseline-small", "--data-dir", str(data), "--output", str(out), "--verbose", "0"]
+    out, argv = tiny_train_command(tmp_path)
     status, _, err = run_main(argv + flags + sets(TINY_SETS), capsys)
     assert status == 2
     assert_one_line_error(err, "ValueError", *fragments)
@@ -604,11 +609,7 @@ def test_train_folder_in_use_and_signal_stop_are_one_line(tmp_path, capsys, monk
     ],
 )
 def test_train_recipe_settings_are_checked_before_the_run_is_recorded(tmp_path, capsys, flags, fragments):
-    data = tmp_path / "mnist"
-    data.mkdir()
-    make_mnist_dir(data, n_train=16, n_test=2)
-    out = tmp_path / "run"
-    argv = ["train", "mnist-baseline-small", "--data-dir", str(data), "--output", str(out), "--verbose", "0"]
+    out, argv = tiny_train_command(tmp_path)
     status, _, err = run_main(argv + ["--batch-size", "4"] + flags + sets(TINY_SETS), capsys)
     assert status == 2
     assert_one_line_error(err, *fragments)

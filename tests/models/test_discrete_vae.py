@@ -13,6 +13,16 @@ from tests.test_case import to_numpy
 TINY = dict(image_shape=(8, 8, 1), num_latents=4, num_categories=3, filters=4, hidden_units=16, seed=0)
 
 
+def log_px_given_every_code(model, x):
+    """`log p(x|z)` of each image for each of the 9 codes of 2 latents x 3 classes, `(B, 9)`, in NumPy."""
+    codes = np.stack([np.eye(3)[[a, b]] for a in range(3) for b in range(3)]).astype("float32")
+    logits = to_numpy(model.decode(codes))  # (9, 8, 8, 1)
+    return np.stack(
+        [(x * -np.logaddexp(0, -t) + (1 - x) * -np.logaddexp(0, t)).reshape(len(x), -1).sum(-1) for t in logits],
+        axis=1,
+    )
+
+
 class TestDiscreteVAE(TestCase):
     def test_kl_to_uniform_matches_numpy(self):
         model = DiscreteVAE(**TINY)
@@ -41,11 +51,7 @@ class TestDiscreteVAE(TestCase):
         # 2 latents x 3 classes: log p(x) is an exact sum over 9 latent codes.
         model = DiscreteVAE(**dict(TINY, num_latents=2, num_categories=3))
         x = shapes_batch(4)
-        codes = np.stack([np.eye(3)[[a, b]] for a in range(3) for b in range(3)]).astype("float32")
-        logits = to_numpy(model.decode(codes))  # (9, 8, 8, 1)
-        log_px_z = np.stack(
-            [(x * -np.logaddexp(0, -l) + (1 - x) * -np.logaddexp(0, l)).reshape(4, -1).sum(-1) for l in logits], axis=1
-        )
+        log_px_z = log_px_given_every_code(model, x)
         exact = np.logaddexp.reduce(log_px_z + 2 * np.log(1 / 3), axis=1)
         estimate = model.log_likelihood(x, num_samples=2000, chunk_size=500)
         np.testing.assert_allclose(estimate, exact, atol=0.02)
@@ -57,11 +63,7 @@ class TestDiscreteVAE(TestCase):
         """`nll` at inference is `-log p(x|z)` for exact draws `z ~ q`: its mean is the enumerated expectation."""
         model = DiscreteVAE(**dict(TINY, num_latents=2, num_categories=3))
         x = shapes_batch(4)
-        codes = np.stack([np.eye(3)[[a, b]] for a in range(3) for b in range(3)]).astype("float32")
-        logits = to_numpy(model.decode(codes))  # (9, 8, 8, 1)
-        log_px_z = np.stack(
-            [(x * -np.logaddexp(0, -l) + (1 - x) * -np.logaddexp(0, l)).reshape(4, -1).sum(-1) for l in logits], axis=1
-        )
+        log_px_z = log_px_given_every_code(model, x)
         q = to_numpy(model.encode(x))  # (4, 2, 3)
         q_codes = np.stack([q[:, 0, a] * q[:, 1, b] for a in range(3) for b in range(3)], axis=1)  # (4, 9)
         expected_nll = -(q_codes * log_px_z).sum(axis=1)
