@@ -512,7 +512,11 @@ def test_train_writes_everything_and_guards_nan(tmp_path):
     assert state["iterations"] == batch - 1
     # A larger limit continues the stopped run (a stop limit, not a training setting).
     resumed = training.train("mnist-baseline", x, tmp_path / "strict", epochs=2, max_nonfinite_steps=5, **kwargs)
-    assert int(numpy_of(resumed.optimizer.nonfinite_steps)) == 2 and (tmp_path / "strict" / "model.keras").exists()
+    # (Keras reshuffles arrays in the resumed call: the bad image may come
+    # again in the rest of the stopped epoch, one more skip.)
+    assert 2 <= int(numpy_of(resumed.optimizer.nonfinite_steps)) <= 3
+    assert (tmp_path / "strict" / "model.keras").exists()
+    assert all(np.isfinite(numpy_of(w)).all() for w in resumed.weights)
 
 
 # ---------------------------------------------------------------------- #
