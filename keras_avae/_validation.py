@@ -10,7 +10,8 @@ these methods need concrete inputs (they run eagerly and return NumPy
 arrays).
 
 A module of its own (not under `models/`) so `evaluation.py`, which the
-models import, can use it too.
+models import, can use it too. The layers check their constructor
+arguments' numbers and seeds with the helpers at the end.
 """
 
 import math
@@ -142,3 +143,28 @@ def to_numpy(value):
         return [to_numpy(v) for v in value]
     return np.asarray(ops.convert_to_numpy(value))
 
+
+# The largest seed the seeded layers take: they seed a second stream with
+# `seed + 1`, which must fit the backends' seed dtypes (int32 on torch,
+# uint32 on JAX).
+MAX_LAYER_SEED = 2**31 - 2
+
+
+def is_int(value):
+    """Whether `value` is a Python int (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_finite_number(value):
+    """Whether `value` is a finite Python int or float (not a bool; an int too large for a float is not)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def is_layer_seed(seed):
+    """Whether `seed` is `None` or an int in `[0, MAX_LAYER_SEED]`."""
+    return seed is None or (is_int(seed) and 0 <= seed <= MAX_LAYER_SEED)

@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from keras_avae._validation import is_finite_number
 
 @keras.saving.register_keras_serializable(package="keras_avae")
 class DepthwiseAttend(keras.layers.Layer):
@@ -227,7 +228,7 @@ class DepthwiseAttend(keras.layers.Layer):
 
 
 def _is_positive_number(x):
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+    return is_finite_number(x) and x > 0
 
 
 def _dot(query, key):

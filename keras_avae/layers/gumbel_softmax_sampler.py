@@ -1,15 +1,13 @@
 """Gumbel-softmax (Concrete) relaxation of categorical sampling."""
 
-import math
-
 import keras
 from keras import ops
 
+from keras_avae._validation import MAX_LAYER_SEED
+from keras_avae._validation import is_layer_seed
+from keras_avae._validation import is_finite_number
+
 _INFERENCE_MODES = ("sample", "mode")
-# Largest accepted `seed`, the same bound as the other seeded layers'
-# (`seed + 1` fits an int32): the seed generator holds the seed in the
-# backend's seed dtype (int32 on torch, uint32 on JAX).
-_MAX_SEED = 2**31 - 2
 
 
 def _is_number(value):
@@ -17,11 +15,7 @@ def _is_number(value):
 
 
 def _is_positive_finite(value):
-    """Whether the Python number `value` is positive and finite (not NaN)."""
-    try:
-        return math.isfinite(value) and value > 0
-    except OverflowError:  # an int too large for a float
-        return False
+    return is_finite_number(value) and value > 0
 
 
 @keras.saving.register_keras_serializable(package="keras_avae")
@@ -115,8 +109,8 @@ class GumbelSoftmaxSampler(keras.layers.Layer):
                 f"`inference_mode` must be one of {_INFERENCE_MODES}. "
                 f"Received: inference_mode={inference_mode}"
             )
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MAX_SEED):
-            raise ValueError(f"`seed` must be an integer in [0, {_MAX_SEED}] or None. Received: seed={seed}")
+        if not is_layer_seed(seed):
+            raise ValueError(f"`seed` must be an integer in [0, {MAX_LAYER_SEED}] or None. Received: seed={seed}")
         self.temperature = float(temperature)
         self.hard = hard
         self.axis = axis

@@ -5,6 +5,9 @@ import random
 import keras
 from keras import ops
 
+from keras_avae._validation import MAX_LAYER_SEED
+from keras_avae._validation import is_layer_seed
+from keras_avae._validation import is_int
 from keras_avae.ops.channels import split_channels
 from keras_avae.ops.favor import _numpy_orthogonal_features
 from keras_avae.ops.favor import favor_attention
@@ -13,9 +16,6 @@ from keras_avae.ops.favor import orthogonal_random_features
 
 _ATTENTIONS = ("softmax", "performer")
 _FEATURE_REDRAWS = ("fixed", "training")
-# Largest accepted `seed`: with `feature_redraw="training"` a seed generator
-# holds `seed + 1` in the backend's seed dtype (int32 on torch, uint32 on JAX).
-_MAX_SEED = 2**31 - 2
 
 
 @keras.saving.register_keras_serializable(package="keras_avae")
@@ -119,8 +119,8 @@ class NonLocalBlock(keras.layers.Layer):
             )
         if not isinstance(use_bias, bool):
             raise ValueError(f"`use_bias` must be a bool. Received: use_bias={use_bias!r}")
-        if seed is not None and not (_is_int(seed) and 0 <= seed <= _MAX_SEED):
-            raise ValueError(f"`seed` must be an integer in [0, {_MAX_SEED}] or None. Received: seed={seed!r}")
+        if not is_layer_seed(seed):
+            raise ValueError(f"`seed` must be an integer in [0, {MAX_LAYER_SEED}] or None. Received: seed={seed!r}")
         if seed is None:
             # A concrete seed in the config makes the features reproducible
             # after a `.keras` round trip (same range as PerformerAttention).
@@ -331,9 +331,5 @@ def _is_pointwise(conv):
     )
 
 
-def _is_int(x):
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _is_positive_int(x):
-    return _is_int(x) and x > 0
+    return is_int(x) and x > 0

@@ -1,11 +1,14 @@
 """Performer (FAVOR+) multi-head attention, a drop-in for MultiHeadAttention."""
 
-import math
 import random
 
 import keras
 from keras import ops
 
+from keras_avae._validation import MAX_LAYER_SEED
+from keras_avae._validation import is_layer_seed
+from keras_avae._validation import is_finite_number
+from keras_avae._validation import is_int
 from keras_avae.layers.attention_layout import SequenceLayout
 from keras_avae.layers.attention_layout import fill_rows_without_keys
 from keras_avae.ops.favor import favor_attention
@@ -14,9 +17,6 @@ from keras_avae.ops.favor import orthogonal_random_features
 _KERNELS = ("softmax", "relu")
 _FEATURE_REDRAWS = ("fixed", "training")
 _SCALINGS = ("chi", "sqrt")
-# Largest accepted `seed`: the seed generators hold `seed` and `seed + 1` in
-# the backend's seed dtype (int32 on torch, uint32 on JAX).
-_MAX_SEED = 2**31 - 2
 
 
 @keras.saving.register_keras_serializable(package="keras_avae")
@@ -197,7 +197,7 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         eps=1e-6,
         **kwargs,
     ):
-        if not _is_int(num_random_features) or num_random_features <= 0:
+        if not is_int(num_random_features) or num_random_features <= 0:
             raise ValueError(
                 "`num_random_features` must be a positive integer. "
                 f"Received: num_random_features={num_random_features}"
@@ -212,7 +212,7 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
             raise ValueError(
                 f"`orthogonal_scaling` must be one of {_SCALINGS}. Received: orthogonal_scaling={orthogonal_scaling!r}"
             )
-        if not _is_number(eps) or not _is_finite(eps) or not eps >= 0:
+        if not is_finite_number(eps) or not eps >= 0:
             raise ValueError(f"`eps` must be a finite non-negative float. Received: eps={eps}")
         if not _is_number(dropout) or not 0 <= dropout < 1:
             raise ValueError(f"`dropout` must be a float in [0, 1). Received: dropout={dropout}")
@@ -226,8 +226,8 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
                 "PerformerAttention computes FAVOR+ attention, not MultiHeadAttention's exact fused kernel: "
                 f"`flash_attention` must be None or False. Received: flash_attention={flash_attention}"
             )
-        if seed is not None and (not _is_int(seed) or not 0 <= seed <= _MAX_SEED):
-            raise ValueError(f"`seed` must be an integer in [0, {_MAX_SEED}] or None. Received: seed={seed}")
+        if not is_layer_seed(seed):
+            raise ValueError(f"`seed` must be an integer in [0, {MAX_LAYER_SEED}] or None. Received: seed={seed}")
         if seed is None:
             # A concrete seed in the config makes the features reproducible
             # after a `.keras` round trip; same range as Keras' default seeds.
@@ -427,16 +427,5 @@ def _without_keras_mask(x):
     return ops.copy(x)
 
 
-def _is_int(x):
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _is_number(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _is_finite(x):
-    try:
-        return math.isfinite(x)
-    except OverflowError:  # an int too large for a float
-        return False
