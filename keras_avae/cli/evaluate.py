@@ -23,6 +23,7 @@ def _cmd_evaluate(args):
     import keras
 
     from keras_avae import datasets, evaluation, zoo
+    from keras_avae.datasets.binarization import _fixed_binarize
 
     backend = keras.backend.backend()
     weights = zoo.pretrained_path(args.name) if args.weights == "pretrained" else args.weights
@@ -55,7 +56,7 @@ def _cmd_evaluate(args):
         args.data_dir,
         args.batch_size,
         shuffle=False,
-        binarize="static" if data != "cifar10" else "auto",
+        binarize=_fixed_binarize(data),
         seed=args.seed,
         limit=args.limit,
         every=args.every,

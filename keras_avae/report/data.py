@@ -3,6 +3,7 @@
 import numpy as np
 
 from keras_avae._validation import check_positive_int
+from keras_avae.datasets.binarization import _fixed_binarize
 
 
 def load_images(dataset, data_dir, split="test", num_images=500, seed=0, resize_images=False, batch_size=500):
@@ -45,7 +46,7 @@ def load_images(dataset, data_dir, split="test", num_images=500, seed=0, resize_
         limit=num_images,
         resize_images=resize_images,
         # One fixed binary draw whatever the split ("auto" is dynamic for train).
-        binarize="static" if dataset in ("mnist", "omniglot") else "auto",
+        binarize=_fixed_binarize(dataset),
     )
     images = np.concatenate([np.asarray(batch, "float32") for batch in batches])
     binary = " statically binarised with seed " + str(seed) if dataset in ("mnist", "omniglot") else ""
