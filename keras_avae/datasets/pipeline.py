@@ -171,8 +171,9 @@ def make_dataset(
         input_context=input_context,
         resize_images=resize_images,
         every=every,
+        start_batch=start_batch,
+        repeat=repeat,
     )
-    _check_start_batch(start_batch, repeat, seed, strategy)
     if strategy is not None and seed is None:
         seed = 0  # Every worker must shuffle, binarise and flip alike.
     shuffle = split == "train" if shuffle is None else bool(shuffle)
@@ -224,6 +225,8 @@ def _check_arguments(
     input_context,
     resize_images=False,
     every=None,
+    start_batch=None,
+    repeat=False,
 ):
     """Raises the `ValueError` of `make_dataset`'s first invalid argument."""
     _check_name(name)
@@ -251,24 +254,19 @@ def _check_arguments(
         raise ValueError(f"`resize_images` must be a bool. Received: resize_images={resize_images!r}")
     if strategy is not None and input_context is not None:
         raise ValueError("Pass `strategy` or `input_context`, not both. Received: both")
+    if start_batch is not None and not _is_int(start_batch, 0):
+        raise ValueError(f"`start_batch` must be a non-negative int or None. Received: start_batch={start_batch!r}")
+    if start_batch is not None and (not repeat or (seed is None and strategy is None)):
+        raise ValueError(
+            "`start_batch` addresses an endless stream made from a seed: it needs `repeat=True` and a `seed`. "
+            f"Received: start_batch={start_batch}, repeat={repeat!r}, seed={seed!r}"
+        )
     for replicas in (getattr(context, "num_replicas_in_sync", None) for context in (strategy, input_context)):
         if replicas and batch_size % replicas:
             raise ValueError(
                 f"`batch_size` is the global batch size and must be divisible by the {replicas} replicas. "
                 f"Received: batch_size={batch_size}"
             )
-
-
-def _check_start_batch(start_batch, repeat, seed, strategy):
-    if start_batch is None:
-        return
-    if not _is_int(start_batch, 0):
-        raise ValueError(f"`start_batch` must be a non-negative int or None. Received: start_batch={start_batch!r}")
-    if not repeat or (seed is None and strategy is None):
-        raise ValueError(
-            "`start_batch` addresses an endless stream made from a seed: it needs `repeat=True` and a `seed`. "
-            f"Received: start_batch={start_batch}, repeat={repeat!r}, seed={seed!r}"
-        )
 
 
 def _addressable_batches(tf, images, labels, batch_size, shuffle, shuffle_seed, start_batch):
