@@ -334,7 +334,7 @@ def score_batches(
         checksum = float(np.asarray(x, np.float64).sum())
         if index < done_batches:
             # Cheap guard against data that changed between the runs.
-            if not math.isclose(checksum, state["checksums"][index], rel_tol=1e-9, abs_tol=1e-6):
+            if not _same_pixel_sums(checksum, state["checksums"][index]):
                 raise ValueError(
                     f"Batch {index} differs from the one scored in `progress_path={progress_path!r}` "
                     f"(pixel sum {checksum} vs {state['checksums'][index]}): the data changed. "
@@ -527,10 +527,11 @@ def paired_difference(scores_a, scores_b):
     >>> d["nll_difference_nats"], d["stderr"], d["num_examples"]
     (-2.5, 0.5, 2)
     """
-    if all(isinstance(scores, (str, os.PathLike)) for scores in (scores_a, scores_b)):
-        _check_same_images(scores_a, scores_b)
-    a = _per_image_scores(scores_a, "scores_a")
-    b = _per_image_scores(scores_b, "scores_b")
+    files = [_scores_file(s) if isinstance(s, (str, os.PathLike)) else None for s in (scores_a, scores_b)]
+    if all(f is not None and f["identity"] is not None for f in files):
+        _check_same_images(scores_a, scores_b, *files)
+    a = _per_image_scores(files[0]["log_px"] if files[0] else scores_a, "scores_a")
+    b = _per_image_scores(files[1]["log_px"] if files[1] else scores_b, "scores_b")
     if a.shape != b.shape:
         raise ValueError(
             "`scores_a` and `scores_b` must score the same images. "
@@ -549,27 +550,35 @@ def paired_difference(scores_a, scores_b):
 _DATA_KEYS = ("split", "limit", "every", "batch_size", "seed")
 
 
-def _check_same_images(path_a, path_b):
-    """Refuses two progress files that cannot have scored the same images.
+def _same_pixel_sums(a, b):
+    """Whether per-batch pixel sums agree (elementwise): the same images, up to float summation order."""
+    return np.isclose(a, b, rtol=1e-9, atol=1e-6)
 
-    Files without an identity (plain `log_px` files) are not checked.
-    """
-    for path in (path_a, path_b):
-        with np.load(path, allow_pickle=False) as data:
-            if "identity" not in data.files:
-                return
-    (identity_a, state_a), (identity_b, state_b) = _load_progress(path_a), _load_progress(path_b)
+
+def _scores_file(path):
+    """A scores file read once: `log_px`, and `identity` and `checksums` (`None` in a plain `log_px` file)."""
+    with np.load(path, allow_pickle=False) as data:
+        has_identity = "identity" in data.files and "checksums" in data.files
+        return {
+            "log_px": data["log_px"],
+            "identity": json.loads(str(data["identity"])) if has_identity else None,
+            "checksums": data["checksums"] if has_identity else None,
+        }
+
+
+def _check_same_images(path_a, path_b, file_a, file_b):
+    """Refuses two progress files (read by `_scores_file`) that cannot have scored the same images."""
+    identity_a, identity_b = file_a["identity"], file_b["identity"]
     differences = [
         f"{key} {identity_a[key]!r} vs {identity_b[key]!r}"
         for key in _DATA_KEYS
         if key in identity_a and key in identity_b and identity_a[key] != identity_b[key]
     ]
-    sums_a, sums_b = np.asarray(state_a["checksums"]), np.asarray(state_b["checksums"])
+    sums_a, sums_b = np.asarray(file_a["checksums"]), np.asarray(file_b["checksums"])
     if sums_a.shape != sums_b.shape:
         differences.append(f"{sums_a.size} vs {sums_b.size} scored batches")
     else:
-        # The tolerance of `score_batches`' own check of a resumed batch.
-        unequal = np.flatnonzero(~np.isclose(sums_a, sums_b, rtol=1e-9, atol=1e-6))
+        unequal = np.flatnonzero(~_same_pixel_sums(sums_a, sums_b))
         if unequal.size:
             i = int(unequal[0])
             differences.append(
@@ -583,9 +592,6 @@ def _check_same_images(path_a, path_b):
 
 
 def _per_image_scores(scores, name):
-    if isinstance(scores, (str, os.PathLike)):
-        with np.load(scores, allow_pickle=False) as data:
-            scores = data["log_px"]
     scores = np.asarray(scores, np.float64).reshape(-1)
     if scores.size == 0 or not np.all(np.isfinite(scores)):
         raise ValueError(f"`{name}` must hold finite per-image values. Received: {scores.size} values")
