@@ -47,12 +47,12 @@ def _load_model(args):
 
 def _check_against_run_record(weights, model):
     from keras_avae import zoo
+    from keras_avae.training.run_folder import _read_record
 
-    record_path = os.path.join(os.path.dirname(os.path.abspath(weights)), "run.json")
-    if not os.path.isfile(record_path):
+    record = _read_record(os.path.join(os.path.dirname(os.path.abspath(weights)), "run.json"))
+    if record is None:
         return
-    with open(record_path) as f:
-        recorded = json.load(f).get("config", {})
+    recorded = record.get("config", {})
     built = model.get_config()
     differing = [
         key
