@@ -462,7 +462,8 @@ def train(
             else:
                 fit_kwargs["shuffle"] = False  # tf.data pipelines shuffle themselves (seeded)
             if stopper.signum is None:
-                data_at = (lambda batch: dataset) if stream is None else stream
+                # `dataset` is the stream's start: a new run does not build it twice.
+                data_at = (lambda batch: dataset) if stream is None else (lambda b: dataset if b == 0 else stream(b))
                 _fit(model, data_at, run, strategy, backup, monitor, epoch, step, fit_kwargs)
         done = _committed_epoch(backup, epoch)
         if done < run.epochs and run.chief:
