@@ -29,6 +29,9 @@ LOCK = "run.lock"
 # batch norm, whose statistics are those of the global batch either way).
 # `epochs` is checked apart: a finished run may be continued with more.
 _RESUME_KEYS = ("model", "config", "recipe", "steps_per_epoch", "batch_size", "data")
+# Entries of those settings a resume may change: synchronised batch norm
+# follows the device count; the stop limit, raised, lets a stopped run go on.
+_FREE_ENTRIES = {("config", "synchronized_batch_norm"), ("recipe", "max_nonfinite_steps")}
 
 
 @contextlib.contextmanager
@@ -123,11 +126,7 @@ def _differences(previous, record):
         old, new = _jsonable(previous[key]), _jsonable(record[key])
         if isinstance(old, dict) and isinstance(new, dict):
             for name in sorted(old.keys() & new.keys()):
-                if key == "config" and name == "synchronized_batch_norm":
-                    continue  # follows the device count
-                if key == "recipe" and name == "max_nonfinite_steps":
-                    continue  # a stop limit: raised, it lets a stopped run go on
-                if old[name] != new[name]:
+                if (key, name) not in _FREE_ENTRIES and old[name] != new[name]:
                     yield f"{key}.{name}", old[name], new[name]
         elif old != new:
             yield key, old, new
