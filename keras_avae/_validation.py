@@ -151,12 +151,20 @@ MAX_LAYER_SEED = 2**31 - 2
 
 
 def is_int(value):
-    """Whether `value` is a Python int (not a bool)."""
+    """Whether `value` is a Python int (not a bool).
+
+    >>> is_int(3), is_int(True), is_int(3.0)
+    (True, False, False)
+    """
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def is_finite_number(value):
-    """Whether `value` is a finite Python int or float (not a bool; an int too large for a float is not)."""
+    """Whether `value` is a finite Python int or float (not a bool; an int too large for a float is not).
+
+    >>> is_finite_number(1e-6), is_finite_number(float("inf")), is_finite_number(10**400)
+    (True, False, False)
+    """
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return False
     try:
@@ -166,5 +174,9 @@ def is_finite_number(value):
 
 
 def is_layer_seed(seed):
-    """Whether `seed` is `None` or an int in `[0, MAX_LAYER_SEED]`."""
+    """Whether `seed` is `None` or an int in `[0, MAX_LAYER_SEED]`.
+
+    >>> is_layer_seed(None), is_layer_seed(2**31 - 2), is_layer_seed(2**31 - 1)
+    (True, True, False)
+    """
     return seed is None or (is_int(seed) and 0 <= seed <= MAX_LAYER_SEED)
