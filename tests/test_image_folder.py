@@ -283,3 +283,15 @@ def test_train_and_evaluate_on_an_image_folder(tmp_path, capsys):
     test_images = len(datasets.read_image_folder(data, "test", "grey", resize=True)[0])
     assert 0 < result["num_examples"] == test_images < len(written) + 4
     assert math.isfinite(result["nll_nats"]) and result["nll_nats"] > 0
+
+    # run.json records the training images: a resume on changed files is
+    # refused, naming the entry; on the files it trained on, it goes on.
+    more = [arg if arg != "1" else "2" for arg in train] + ["--resize-images"]
+    write_images(data, 60, seed=1)
+    status, _, err = run_main(more, capsys)
+    assert status == 2
+    assert_one_line_error(err, "data.train_images_sha256", "not the images the run trained on")
+    write_images(data, 60)
+    status, _, err = run_main(more, capsys)
+    assert status == 0, err
+    assert json.loads((out / "run.json").read_text())["epochs"] == 2

@@ -1,7 +1,10 @@
 """`keras-avae train`: trains a zoo entry into a run folder (resuming a killed run there)."""
 
+import hashlib
 import sys
 import time
+
+import numpy as np
 
 from keras_avae.cli.arguments import _parse_sets
 from keras_avae.cli.arguments import UsageError
@@ -34,8 +37,13 @@ def _cmd_train(args):
     replicas = training.num_replicas(strategy)
     global_batch = (args.batch_size or recipe["batch_size_per_replica"]) * replicas
     data = zoo.describe(args.name)["dataset"]
-    examples = len(datasets.load(data, args.data_dir, "train", resize_images=args.resize_images)[0])
+    images = datasets.load(data, args.data_dir, "train", resize_images=args.resize_images)[0]
+    examples = len(images)
     data_info = {"dataset": data, "limit": args.limit, "seed": args.seed}
+    # The training images themselves: a resume on other images (files added
+    # to or changed in an image folder, another copy of a data set) is
+    # refused. Runs recorded before this entry resume unchecked.
+    data_info["train_images_sha256"] = _images_sha256(images[: args.limit])
     random_flip = "horizontal_flip" in (recipe.get("augmentation") or [])
     if random_flip:
         # Recorded only when on, so that the runs before flips existed
@@ -84,6 +92,13 @@ def _cmd_train(args):
         **recipe_overrides,
     )
     print(f"Trained {args.name} in {time.time() - start:.0f} s; final model in {args.output}", file=sys.stderr)
+
+
+def _images_sha256(images):
+    """A sha256 of the images' shape, dtype and values (C order)."""
+    digest = hashlib.sha256(f"{images.shape}{images.dtype}".encode())
+    digest.update(np.ascontiguousarray(images).data)
+    return digest.hexdigest()
 
 
 def _epochs(flag, setting):

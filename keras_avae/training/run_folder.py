@@ -32,6 +32,8 @@ _RESUME_KEYS = ("model", "config", "recipe", "steps_per_epoch", "batch_size", "d
 # Entries of those settings a resume may change: synchronised batch norm
 # follows the device count; the stop limit, raised, lets a stopped run go on.
 _FREE_ENTRIES = {("config", "synchronized_batch_norm"), ("recipe", "max_nonfinite_steps")}
+# What a differing entry means, where its name does not say it.
+_HINTS = {"data.train_images_sha256": " (these are not the images the run trained on)"}
 
 
 @contextlib.contextmanager
@@ -111,7 +113,9 @@ def _check_run_record(path, record, finished_epochs=None):
         if not extended:
             changes.append(("epochs", previous["epochs"], record["epochs"]))
     if changes:
-        details = "; ".join(f"{key}: recorded {old!r}, requested {new!r}" for key, old, new in changes)
+        details = "; ".join(
+            f"{key}: recorded {old!r}, requested {new!r}{_HINTS.get(key, '')}" for key, old, new in changes
+        )
         raise ValueError(
             f"{path.parent} holds a run with other settings ({details}). Resume it with the recorded "
             "settings, or use a new output folder."
