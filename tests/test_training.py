@@ -318,6 +318,37 @@ def test_history_rows_and_resumed_progress_bar_count_epochs_from_one(tmp_path, c
     assert "Epoch 3/8" in capsys.readouterr().out
 
 
+def test_history_header_is_never_left_cut_short(tmp_path, monkeypatch):
+    """A kill while the first epoch's header is written leaves no file (or a
+    whole one), never a partial header that later rows would follow."""
+    path = tmp_path / "history.csv"
+    logger = training.run_folder.HistoryLogger(path)
+    real_writer = csv.writer
+
+    class KilledWriter:
+        # Writes the first 5 characters of the header, then dies.
+        def __init__(self, f):
+            self.f = f
+
+        def writerow(self, row):
+            self.f.write(",".join(map(str, row))[:5])
+            raise KeyboardInterrupt
+
+        def writerows(self, rows):
+            self.writerow(rows[0])
+
+    monkeypatch.setattr(csv, "writer", KilledWriter)
+    with pytest.raises(KeyboardInterrupt):
+        logger.on_epoch_end(0, {"loss": 1.5, "kl": 0.25})
+    monkeypatch.setattr(csv, "writer", real_writer)
+    assert not path.exists()
+    logger.on_epoch_end(0, {"loss": 1.5, "kl": 0.25})
+    logger.on_epoch_end(1, {"loss": 1.0, "kl": 0.5})
+    with open(path) as f:
+        rows = list(csv.reader(f))
+    assert rows == [["epoch", "kl", "loss"], ["1", "0.25", "1.5"], ["2", "0.5", "1.0"]]
+
+
 def test_progress_bar_of_a_stopped_epoch_shows_the_steps_it_ran(capsys):
     # Keras' bar ends a stopped epoch at its full step count ("5/5"), so a
     # log read an interrupted epoch as finished.

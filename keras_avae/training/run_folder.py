@@ -180,7 +180,8 @@ class HistoryLogger(keras.callbacks.Callback):
     progress bar and `samples/epoch_NNNN.png` are) and there are no empty
     `val_*` columns when the run has no validation data. The file is
     opened, appended and flushed once per epoch, so a kill leaves at most
-    one partial row, which `_truncate_history` drops on resume. A resumed
+    one partial row, which `_truncate_history` drops on resume; the header
+    and the first row are written together, atomically. A resumed
     run keeps the header already in the file.
 
     Args:
@@ -199,12 +200,17 @@ class HistoryLogger(keras.callbacks.Callback):
         logs = dict(logs or {})
         header = self._header() or ["epoch"] + sorted(logs)
         row = [epoch + 1] + [_csv_value(logs.get(key, "")) for key in header[1:]]
-        new_file = not self.path.exists() or self.path.stat().st_size == 0
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            # The header and first row appear together (a kill while writing
+            # them would leave a header cut short, which no resume repairs).
+            def write(tmp):
+                with open(tmp, "w", newline="") as f:
+                    csv.writer(f).writerows([header, row])
+
+            _atomic_write(self.path, write, ".csv")
+            return
         with open(self.path, "a", newline="") as f:
-            writer = csv.writer(f)
-            if new_file:
-                writer.writerow(header)
-            writer.writerow(row)
+            csv.writer(f).writerow(row)
             f.flush()
             os.fsync(f.fileno())
 
