@@ -6,6 +6,7 @@ Every test writes its own tiny images with Pillow into `tmp_path`.
 import json
 import logging
 import math
+import os
 
 import numpy as np
 import PIL.Image
@@ -132,6 +133,27 @@ def test_class_labels_from_subfolders(tmp_path):
     write_images(tmp_path / "split" / "test", 1, seed=8, prefix="loose")
     _, test_labels = datasets.read_image_folder(tmp_path / "split", "test", "grey")
     assert test_labels.tolist() == [1, 3, 0]
+
+
+def test_symlinked_class_folders_are_read_and_link_cycles_end(tmp_path):
+    # Before: os.walk did not enter linked folders, so their class vanished.
+    write_images(tmp_path / "store" / "dogs", 30, seed=1, prefix="dog")
+    write_images(tmp_path / "data" / "cat", 30, seed=0, prefix="cat")
+    (tmp_path / "data" / "dog").symlink_to(tmp_path / "store" / "dogs", target_is_directory=True)
+    (tmp_path / "data" / "cat" / "loop").symlink_to(tmp_path / "data", target_is_directory=True)
+    parts = [datasets.read_image_folder(tmp_path / "data", split, "grey") for split in ("train", "test")]
+    labels = np.concatenate([p[1] for p in parts])
+    assert np.bincount(labels).tolist() == [30, 30]
+    linked = np.concatenate([p[0][p[1] == 1] for p in parts])
+    assert ids(linked) == list(range(30))
+
+
+def test_file_names_that_are_not_utf8_are_read(tmp_path):
+    # Before: the hash split encoded names as UTF-8 and raised UnicodeEncodeError.
+    write_images(tmp_path, 20)
+    (tmp_path / "img_000.png").rename(tmp_path / os.fsdecode(b"caf\xe9.png"))
+    images = np.concatenate([datasets.read_image_folder(tmp_path, split, "grey")[0] for split in ("train", "test")])
+    assert ids(images) == list(range(20))
 
 
 def test_wrong_size_raises_unless_resized(tmp_path):

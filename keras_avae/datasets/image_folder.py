@@ -37,9 +37,22 @@ _SIXTEEN_BIT = ("I", "I;16", "I;16B", "I;16L", "I;16N")
 
 
 def _walk_image_files(folder):
-    """Yields the relative POSIX paths of the image files under `folder`, hidden names skipped."""
-    for directory, subfolders, files in os.walk(folder):
+    """Yields the relative POSIX paths of the image files under `folder`, hidden names skipped.
+
+    Symlinked folders are followed (class folders are often links); a link
+    to a folder the walk is already inside (a cycle) is not.
+    """
+    # Each folder's real path and those of the folders above it in the walk.
+    chains = {str(folder): {os.path.realpath(folder)}}
+    for directory, subfolders, files in os.walk(folder, followlinks=True):
+        chain = chains.pop(directory)
         subfolders[:] = [d for d in subfolders if not d.startswith(".")]
+        for d in list(subfolders):
+            real = os.path.realpath(os.path.join(directory, d))
+            if real in chain:
+                subfolders.remove(d)
+            else:
+                chains[os.path.join(directory, d)] = chain | {real}
         rel = pathlib.PurePosixPath(pathlib.Path(directory).relative_to(folder).as_posix())
         yield from (rel / f for f in files if not f.startswith(".") and f.lower().endswith(_SUFFIXES))
 
@@ -56,7 +69,8 @@ def _has_images(folder):
 
 def _in_test_split(relative_path):
     """The hash split: SHA-1 of the path relative to the folder, in the first 10% of the range."""
-    digest = hashlib.sha1(str(relative_path).encode("utf-8")).digest()
+    # `os.fsencode`: the name's bytes, also for names that are not UTF-8.
+    digest = hashlib.sha1(os.fsencode(str(relative_path))).digest()
     return int.from_bytes(digest[:4], "big") < _TEST_FRACTION * 2**32
 
 
