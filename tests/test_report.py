@@ -339,6 +339,9 @@ def test_discrete_vae_and_bad_arguments_are_refused(tmp_path):
         write_report(model, x, tmp_path, query_pixels=[(9, 0)])
     with pytest.raises(ValueError, match="temperatures"):
         write_report(model, x, tmp_path, temperatures=(0.5, 0.0))
+    # A repeated temperature was drawn over the first's panel.
+    with pytest.raises(ValueError, match=r"must not repeat a value. Received: temperatures=\(0.8, 1.0, 0.8\)"):
+        write_report(model, x, tmp_path, temperatures=(0.8, 1.0, 0.8))
     with pytest.raises(ValueError, match="at least 2 images"):
         write_report(model, x[:1], tmp_path)
     with pytest.raises(ValueError, match=r"images"):

@@ -129,6 +129,9 @@ def _checked_arguments(model, images, temperatures, counts, seed, query_pixels):
     temperatures = [check_temperature(t, "temperatures") for t in temperatures]
     if not temperatures:
         raise ValueError("`temperatures` must hold at least one temperature. Received: temperatures=()")
+    if len(set(temperatures)) != len(temperatures):
+        # The figure has one panel per temperature: a repeat would be drawn over.
+        raise ValueError(f"`temperatures` must not repeat a value. Received: temperatures={tuple(temperatures)}")
     num_samples = check_positive_int(num_samples, "num_samples")
     num_reconstructions = check_positive_int(num_reconstructions, "num_reconstructions")
     num_interpolations = check_positive_int(num_interpolations, "num_interpolations")
