@@ -73,7 +73,7 @@ def main(argv=None):
         # says what was saved; a plain one (a second Ctrl-C) only that it stopped.
         print(f"keras-avae {args.command}: {stop or 'interrupted'}", file=sys.stderr)
         return getattr(stop, "exit_status", 130)
-    except (ValueError, FileNotFoundError, OSError, RuntimeError) as error:
+    except (ValueError, FileNotFoundError, OSError, RuntimeError, FloatingPointError) as error:
         if os.environ.get("KERAS_AVAE_DEBUG"):
             raise
         # Library errors already name the argument and value; one line each.

@@ -97,6 +97,10 @@ class HierarchicalInference:
 
         Returns:
             NumPy float32 array `(num_samples, H, W, C)`.
+
+        Raises:
+            FloatingPointError: a sample holds a NaN or infinite pixel (a
+                temperature far above 1 overflows the decoder).
         """
         num_samples = check_positive_int(num_samples, "num_samples")
         temperature = check_temperature(temperature)
@@ -110,7 +114,16 @@ class HierarchicalInference:
                 return self.sample(num_samples, temperature, mode)
         # The temperature is not static: one compiled pass serves every temperature.
         sample = inference_passes.inference_pass(self, "sample", self._sample_pass, (0, 2))
-        return to_numpy(sample(num_samples, float(temperature), mode))
+        images = to_numpy(sample(num_samples, float(temperature), mode))
+        bad = int(np.sum(~np.isfinite(images).reshape(num_samples, -1).all(axis=1)))
+        if bad:
+            # Never a silently black or clipped image.
+            raise FloatingPointError(
+                f"{bad} of the {num_samples} samples hold non-finite pixels at temperature={temperature!r}: "
+                "latent noise scaled that far overflows the decoder (1.0 samples the prior); a model whose "
+                "weights are not finite gives them at any temperature."
+            )
+        return images
 
     def interpolate(self, x_a, x_b, steps=8, mode="mean"):
         """Images decoded along straight lines between the posterior means of `x_a` and `x_b`.

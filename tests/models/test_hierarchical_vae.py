@@ -310,6 +310,21 @@ class TestInferenceInputs(TestCase):
         with pytest.raises(ValueError, match=r"`temperature` must be a finite positive number\. Received: temperature="):
             model.sample(2, temperature=temperature)
 
+    def test_non_finite_samples_raise(self, model):
+        # Before: NaN pixels came back (and `keras-avae sample` drew them black).
+        overflow = r"2 of the 2 samples hold non-finite pixels at temperature=1e\+39"
+        with pytest.raises(FloatingPointError, match=overflow):
+            model.sample(2, temperature=1e39)  # overflows float32
+        saved = model.get_weights()
+        broken = r"3 of the 3 samples hold non-finite pixels at temperature=1\.0"
+        try:
+            model.set_weights([np.full_like(w, np.nan) for w in saved])
+            with pytest.raises(FloatingPointError, match=broken):
+                model.sample(3)
+        finally:
+            model.set_weights(saved)
+        assert np.all(np.isfinite(model.sample(2)))
+
     @pytest.mark.parametrize("num_samples", [0, -3, 2.0, True, None])
     def test_num_samples_must_be_a_positive_int(self, model, num_samples):
         with pytest.raises(ValueError, match=r"`num_samples` must be a positive int\. Received: num_samples="):
