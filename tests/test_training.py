@@ -620,6 +620,24 @@ def test_mirrored_step_on_two_cpus_equals_one_device(tmp_path, helper):
 
 @tf_only
 @pytest.mark.slow
+def test_mirrored_replicas_draw_their_own_noise(tmp_path, helper):
+    """Each replica draws its own latent noise; replica 0 draws what one device draws.
+
+    Before: the mirrored seed state made both replicas draw the same numbers,
+    so a model given the same images on both returned the same outputs.
+    """
+    result_of(helper("replica-noise", tmp_path / "noise.json"))
+    data = json.loads((tmp_path / "noise.json").read_text())
+    for (replica_0, replica_1), one_device in zip(data["draws"], data["one_device"]):
+        assert replica_0 == one_device
+        assert np.abs(np.subtract(replica_0, replica_1)).min() > 1e-3
+    assert data["states"] == [[7, 2], [7, 2]]  # the state advances as on one device
+    first, second = (np.array(v) for v in data["outputs"])
+    assert first.shape == second.shape == (4,) and np.abs(first - second).min() > 1e-6
+
+
+@tf_only
+@pytest.mark.slow
 def test_two_worker_training_on_localhost(tmp_path, helper):
     workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
     out = tmp_path / "run"

@@ -7,6 +7,7 @@ in fresh interpreters:
 
     python -m tests.training_helper mirrored-step OUT.json
     python -m tests.training_helper jax-data-parallel-step OUT.json
+    python -m tests.training_helper replica-noise OUT.json
     python -m tests.training_helper train OUT_DIR EPOCHS [--strategy KIND] [--cpu-devices N] \
         [--save-freq N] [--batch N] [--coordinator-address A --num-processes N --process-id I]
 
@@ -75,9 +76,8 @@ def mirrored_step(out_path):
 
     The comparison is made exact by removing the only source of
     per-replica difference that is not a bug: latent sampling. Each replica
-    draws its own noise for its half of the batch (the seed state is
-    replicated, so replica 0 and 1 would even draw the same numbers), and a
-    single device draws different noise for the same examples. Here every
+    draws its own noise for its half of the batch (`ReplicaSeedGenerator`),
+    and a single device draws different noise for the same examples. Here every
     posterior sample uses common random numbers, `z = mu + sigma * eps` with
     a fixed `eps` shared by all examples, so the gradient of each example is
     the same function of the weights on both sides. Batch norm is
@@ -161,6 +161,55 @@ def mirrored_step(out_path):
     with open(out_path, "w") as f:
         json.dump(payload, f)
     _result({"replicas": payload["replicas"], "losses": losses, "nan_step": nan_step})
+
+
+def replica_noise(out_path):
+    """Draws of `ReplicaSeedGenerator` and of a model's latent noise on 2 mirrored replicas.
+
+    With a plain `SeedGenerator` both replicas draw the same numbers; a
+    model given the same images on both replicas then returns the same
+    outputs on both.
+    """
+    from keras_avae import training
+
+    strategy = training.make_strategy("mirrored", cpu_devices=2)  # before TF initialises
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_avae.replica_seeds import ReplicaSeedGenerator
+
+    with strategy.scope():
+        generator = ReplicaSeedGenerator(7)
+        model = training._build_model("mnist-baseline", strategy, dict(TINY))
+    one_device = keras.random.SeedGenerator(7)
+
+    @tf.function
+    def draw():
+        return strategy.run(lambda: keras.random.normal((3,), seed=generator))
+
+    def local(values):
+        return [np.asarray(v).tolist() for v in strategy.experimental_local_results(values)]
+
+    draws = [local(draw()) for _ in range(2)]
+    expected = [keras.ops.convert_to_numpy(keras.random.normal((3,), seed=one_device)).tolist() for _ in range(2)]
+    half = images()[: BATCH // 2]
+    x = np.concatenate([half, half])  # each replica gets the same 4 images
+
+    @tf.function
+    def forward(x):
+        return strategy.run(lambda batch: model(batch, training=True)["kl"], args=(x,))
+
+    per_replica = forward(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(x)).__iter__().__next__())
+    payload = {
+        "draws": draws,
+        "one_device": expected,
+        "states": local(generator.state.value),
+        "outputs": local(per_replica),
+    }
+    with open(out_path, "w") as f:
+        json.dump(payload, f)
+    _result({"replicas": strategy.num_replicas_in_sync})
 
 
 def jax_data_parallel_step(out_path):
@@ -317,6 +366,7 @@ def main(argv=None):
     step = sub.add_parser("mirrored-step")
     step.add_argument("out")
     sub.add_parser("jax-data-parallel-step").add_argument("out")
+    sub.add_parser("replica-noise").add_argument("out")
     run = sub.add_parser("train")
     run.add_argument("output_dir")
     run.add_argument("epochs", type=int)
@@ -333,6 +383,9 @@ def main(argv=None):
         return 0
     if args.mode == "jax-data-parallel-step":
         jax_data_parallel_step(args.out)
+        return 0
+    if args.mode == "replica-noise":
+        replica_noise(args.out)
         return 0
     try:
         train_run(args)

@@ -6,6 +6,7 @@ from keras import ops
 from keras_avae._validation import MAX_LAYER_SEED
 from keras_avae._validation import is_layer_seed
 from keras_avae._validation import is_finite_number
+from keras_avae.replica_seeds import ReplicaSeedGenerator
 
 _INFERENCE_MODES = ("sample", "mode")
 
@@ -116,7 +117,7 @@ class GumbelSoftmaxSampler(keras.layers.Layer):
         self.axis = axis
         self.inference_mode = inference_mode
         self.seed = seed
-        self.seed_generator = keras.random.SeedGenerator(seed)
+        self.seed_generator = ReplicaSeedGenerator(seed)
 
     def build(self, logits_shape):
         rank = len(logits_shape)

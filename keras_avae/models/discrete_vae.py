@@ -13,6 +13,7 @@ from keras_avae.distributions.tfp import has_tfp
 from keras_avae.distributions.tfp import tfd
 from keras_avae.layers.gumbel_softmax_sampler import GumbelSoftmaxSampler
 from keras_avae.models.elbo_model import ELBOModel
+from keras_avae.replica_seeds import ReplicaSeedGenerator
 
 
 @keras.saving.register_keras_serializable(package="keras_avae")
@@ -127,7 +128,7 @@ class DiscreteVAE(ELBOModel):
         self.sampler = GumbelSoftmaxSampler(
             temperature=self.initial_temperature, hard=straight_through, seed=seed, dtype=self.dtype_policy
         )
-        self.seed_generator = keras.random.SeedGenerator(seed)
+        self.seed_generator = ReplicaSeedGenerator(seed)
         self.temperature = self.add_weight(
             name="temperature",
             shape=(),

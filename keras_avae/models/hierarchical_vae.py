@@ -17,6 +17,7 @@ from keras_avae.models.hierarchical_config import validate_config
 from keras_avae.models.hierarchical_inference import HierarchicalInference
 from keras_avae.models.hierarchical_layers import HierarchicalLayers
 from keras_avae.models.weight_layout import check_weight_layout
+from keras_avae.replica_seeds import ReplicaSeedGenerator
 
 
 @keras.saving.register_keras_serializable(package="keras_avae")
@@ -214,7 +215,7 @@ class HierarchicalVAE(HierarchicalLayers, HierarchicalInference, ELBOModel):
         self._context = decoder_filters * scale + self._ik  # P: prior context
         self._latent_size = (image_shape[0] // scale, image_shape[1] // scale)
         self._regularizer = keras.regularizers.L2(l2) if l2 else None
-        self.seed_generator = keras.random.SeedGenerator(seed)
+        self.seed_generator = ReplicaSeedGenerator(seed)
 
         # === Layers ===
         self._build_layers()
