@@ -712,3 +712,29 @@ def test_train_stopped_mid_epoch_resumes_on_the_same_batches(tmp_path, capsys, m
     assert [name for name, _ in reference] == [name for name, _ in resumed]
     for (name, a), (_, b) in zip(reference, resumed):
         np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute's MirroredStrategy (JAX: tests/test_jax_distribution.py)")
+def test_train_on_two_mirrored_cpu_devices(tmp_path):
+    """`keras-avae train --strategy mirrored --cpu-devices 2` trains end to end.
+
+    Before: it crashed before training (a distributed dataset's
+    `cardinality` is a value, not the method `train` called).
+    """
+    data = tmp_path / "mnist"
+    data.mkdir()
+    make_mnist_dir(data, n_train=16, n_test=2)
+    out = tmp_path / "run"
+    argv = ["train", "mnist-baseline-small", "--data-dir", str(data), "--output", str(out), "--epochs", "1"]
+    argv += ["--steps-per-epoch", "2", "--batch-size", "4", "--verbose", "0", "--strategy", "mirrored"]
+    argv += ["--cpu-devices", "2"] + sets(TINY_SETS + ["warmup_epochs=1", "kl_warmup_epochs=1"])
+    proc = subprocess.run(
+        [sys.executable, "-m", "keras_avae.cli", *argv], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = json.loads((out / "run.json").read_text())
+    assert run["replicas"] == 2 and run["batch_size"] == 8
+    assert (out / "model.weights.h5").is_file()
+    rows = (out / "history.csv").read_text().splitlines()
+    assert len(rows) == 2 and all(math.isfinite(float(v)) for v in rows[1].split(",")[1:])

@@ -40,6 +40,18 @@ def _first_images(data, n):
 
 
 
+def _cardinality(dataset):
+    """Batches in a dataset (-1: infinite, -2: unknown), or `None` for an input without a length.
+
+    A `tf.data.Dataset` has a `cardinality()` method; the distributed
+    dataset a `tf.distribute` strategy makes has a `cardinality` value.
+    """
+    cardinality = getattr(dataset, "cardinality", None)
+    if cardinality is None:
+        return None
+    return int(cardinality() if callable(cardinality) else cardinality)
+
+
 def _infer_steps_per_epoch(dataset, steps_per_epoch, batch_size):
     if steps_per_epoch is not None:
         steps_per_epoch = _positive_int("steps_per_epoch", steps_per_epoch)
@@ -47,10 +59,9 @@ def _infer_steps_per_epoch(dataset, steps_per_epoch, batch_size):
         return steps_per_epoch
     if isinstance(dataset, np.ndarray):
         return max(1, math.ceil(len(dataset) / batch_size))
-    if hasattr(dataset, "cardinality"):
-        cardinality = int(dataset.cardinality())
-        if cardinality > 0:
-            return cardinality
+    cardinality = _cardinality(dataset)
+    if cardinality is not None and cardinality > 0:
+        return cardinality
     raise ValueError(
         "`steps_per_epoch` is needed for a dataset of unknown or infinite length "
         "(the learning-rate schedule and checkpoints count steps). Received: steps_per_epoch=None"
@@ -59,10 +70,11 @@ def _infer_steps_per_epoch(dataset, steps_per_epoch, batch_size):
 
 def _check_enough_batches(dataset, steps_per_epoch, batch_size):
     """Refuses an epoch longer than the data (`fit` would cut it short with a warning only)."""
+    cardinality = _cardinality(dataset)
     if isinstance(dataset, np.ndarray):
         batches, what = math.ceil(len(dataset) / batch_size), f"{len(dataset)} images in batches of {batch_size}"
-    elif hasattr(dataset, "cardinality") and int(dataset.cardinality()) >= 0:
-        batches, what = int(dataset.cardinality()), "the dataset"
+    elif cardinality is not None and cardinality >= 0:
+        batches, what = cardinality, "the dataset"
     else:
         return  # infinite (repeated) or unknown length
     if batches < steps_per_epoch:

@@ -39,6 +39,7 @@ from keras_avae.training.run_folder import _read_record
 from keras_avae.training.run_folder import _recorded_feature_seed
 from keras_avae.training.run_folder import HistoryLogger
 from keras_avae.training.run_folder import _truncate_history
+from keras_avae.training.run_settings import _cardinality
 from keras_avae.training.run_settings import _first_images
 from keras_avae.training.run_settings import _resolve_run
 
@@ -431,7 +432,7 @@ def train(
     )
     if seed is not None:
         _make_reproducible(seed, deterministic)
-    if _is_data_parallel(strategy) and strategy.num_processes > 1 and int(dataset.cardinality()) > 0:
+    if _is_data_parallel(strategy) and strategy.num_processes > 1 and _cardinality(dataset) > 0:
         # Each process reads a rebatched shard of unknown length, which
         # `fit` does not start again at the next epoch: repeat the whole
         # data instead (every epoch still takes `steps_per_epoch` batches).
