@@ -715,7 +715,7 @@ def test_train_stopped_mid_epoch_resumes_on_the_same_batches(tmp_path, capsys, m
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute's MirroredStrategy (JAX: tests/test_jax_distribution.py)")
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="MirroredStrategy (JAX: tests/test_jax_distribution.py)")
 def test_train_on_two_mirrored_cpu_devices(tmp_path):
     """`keras-avae train --strategy mirrored --cpu-devices 2` trains end to end.
 
