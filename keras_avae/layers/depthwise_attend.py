@@ -164,8 +164,8 @@ class DepthwiseAttend(keras.layers.Layer):
         _check_shapes(query.shape, _shapes(keys), _shapes(values))
 
         # Logits (B, H, W, N) in float32. The products stay in the compute
-        # dtype so that only the original query and keys are kept for the
-        # backward pass, not float32 copies of them.
+        # dtype (but float16, see `_dot`) so that only the original query and
+        # keys are kept for the backward pass, not float32 copies of them.
         if isinstance(keys, (list, tuple)):
             logits = ops.stack([_dot(query, key) for key in keys], axis=-1)
         else:
@@ -232,7 +232,13 @@ def _is_positive_number(x):
 
 
 def _dot(query, key):
-    """`sum_q query * key` over the last axis, summed in float32."""
+    """`sum_q query * key` over the last axis, summed in float32.
+
+    float16 products overflow past 65504 (|q| = |k| = 256 is enough), so
+    they are taken in float32; bfloat16 has float32's range and keeps them.
+    """
+    if keras.backend.standardize_dtype(query.dtype) == "float16":
+        query, key = ops.cast(query, "float32"), ops.cast(key, "float32")
     return ops.sum(ops.cast(ops.multiply(query, key), "float32"), axis=-1)
 
 

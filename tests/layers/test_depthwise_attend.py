@@ -175,6 +175,18 @@ class TestDepthwiseAttend(TestCase):
             assert keras.backend.standardize_dtype(output.dtype) == policy.split("_")[1]
             self.assertAllClose(output, expected, atol=tol, rtol=tol, msg=policy)
 
+    def test_float16_logits_do_not_overflow(self):
+        # |q * k| = 90000 in one channel exceeds float16's 65504: before, that
+        # product was inf in float16 and the softmax gave NaN.
+        query = np.zeros((1, 1, 1, 2), "float32")
+        query[..., 0] = 300.0
+        keys = [query.copy(), np.zeros_like(query)]
+        values = [np.ones((1, 1, 1, 3), "float32"), np.zeros((1, 1, 1, 3), "float32")]
+        layer = DepthwiseAttend(normalize_values=False, normalize_output=False, dtype="mixed_float16")
+        output, scores = layer(query, keys, values, return_attention_scores=True)
+        self.assertAllClose(scores, [[[[1.0, 0.0]]]])
+        self.assertAllClose(output, np.ones((1, 1, 1, 3)))
+
     def test_list_inputs_never_stack_the_contexts(self):
         # With C >> N the largest tensor of the list path is one context; a
         # stacked (B, N, H, W, C) copy would be N times larger.
