@@ -41,7 +41,11 @@ class GumbelSoftmaxSampler(keras.layers.Layer):
 
     To anneal the temperature during training, pass a `keras.Variable` as the
     call-time `temperature` and `assign` to it from a callback: a Python float
-    is baked into compiled functions, a variable is read at every step.
+    is baked into compiled functions, a variable is read at every step. Do
+    this in a subclassed model that owns the variable (as `DiscreteVAE`
+    does): a functional model records call arguments in its config, so
+    saving one that was called with a variable fails on JAX and PyTorch and
+    freezes the variable's value into a constant on TensorFlow.
 
     References:
         - [Jang et al., 2017](https://arxiv.org/abs/1611.01144), Categorical
