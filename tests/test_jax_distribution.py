@@ -81,6 +81,12 @@ def test_train_refuses_what_data_parallel_cannot_split(tmp_path):
         training.train("mnist-baseline", x, tmp_path / "a", epochs=1, batch_size=7, **kwargs)
     with pytest.raises(ValueError, match="last batch of 5 images.*Received: 21 images"):
         training.train("mnist-baseline", x[:21], tmp_path / "b", epochs=1, batch_size=8, **kwargs)
+    # Before: a raw jax IndivisibleError once training reached the short batch.
+    import tensorflow as tf
+
+    ragged = tf.data.Dataset.from_tensor_slices(x[:21]).batch(8)
+    with pytest.raises(ValueError, match="split evenly over the 2 devices.*batches of unknown size"):
+        training.train("mnist-baseline", ragged, tmp_path / "d", epochs=1, batch_size=8, **kwargs)
     outside = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(1)])  # one device
     with pytest.raises(ValueError, match="inside `distribution.scope\\(\\)`"):
         training.train(outside, x, tmp_path / "c", epochs=1, batch_size=8, strategy=distribution, verbose=0)

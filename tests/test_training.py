@@ -634,6 +634,27 @@ def test_mirrored_replicas_draw_their_own_noise(tmp_path, helper):
     assert data["states"] == [[7, 2], [7, 2]]  # the state advances as on one device
     first, second = (np.array(v) for v in data["outputs"])
     assert first.shape == second.shape == (4,) and np.abs(first - second).min() > 1e-6
+    # Before: a batch split 3 + 2 trained without an error, each replica's
+    # mean weighed equally (the JAX check did not run under tf.distribute).
+    assert "split evenly over the 2 devices" in data["refusal"] and "unknown size" in data["refusal"]
+
+
+def test_batches_that_do_not_split_over_the_replicas_are_refused():
+    import tensorflow as tf
+
+    check = training.run_settings._check_replica_input
+    x = np.zeros((21, 8, 8, 1), "float32")
+    with pytest.raises(ValueError, match=r"split evenly over the 2 devices. Received: batch_size=7"):
+        check(x, 7, 2, None)
+    with pytest.raises(ValueError, match=r"last batch of 5 images.*Received: 21 images, batch_size=8"):
+        check(x, 8, 2, None)
+    batches = tf.data.Dataset.from_tensor_slices(x)
+    with pytest.raises(ValueError, match=r"drop_remainder=True.*Received: dataset batches of unknown size"):
+        check(batches.batch(8), 8, 2, None)
+    with pytest.raises(ValueError, match=r"multiple of 4 images.*Received: dataset batches of 6 images"):
+        check(batches.batch(6, drop_remainder=True), 8, 4, None)
+    check(batches.batch(8, drop_remainder=True), 8, 2, None)
+    check(x[:16], 8, 2, None)
 
 
 @tf_only
@@ -894,3 +915,4 @@ def test_final_files_older_than_the_checkpoint_are_written_again(tmp_path, monke
     written = (out / "model.weights.h5").stat().st_mtime_ns
     training.train("mnist-baseline", x, out, epochs=2, **kwargs)  # complete and current: nothing rewritten
     assert (out / "model.weights.h5").stat().st_mtime_ns == written
+

@@ -201,7 +201,15 @@ def replica_noise(out_path):
         return strategy.run(lambda batch: model(batch, training=True)["kl"], args=(x,))
 
     per_replica = forward(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(x)).__iter__().__next__())
+    # A dataset whose last batch (5 images) would split 3 + 2 over the replicas.
+    try:
+        ragged = tf.data.Dataset.from_tensor_slices(images()[:21]).batch(BATCH)
+        training.train("mnist-baseline", ragged, out_path + ".run", epochs=1, strategy=strategy, verbose=0)
+        refusal = None
+    except ValueError as error:
+        refusal = str(error)
     payload = {
+        "refusal": refusal,
         "draws": draws,
         "one_device": expected,
         "states": local(generator.state.value),

@@ -10,6 +10,7 @@ import dataclasses
 import math
 import pathlib
 
+import keras
 import numpy as np
 
 from keras_avae.training.callbacks import KLWarmup
@@ -114,8 +115,8 @@ def _resolve_run(
         batch_size = recipe["batch_size_per_replica"] * replicas
     batch_size = _positive_int("batch_size", batch_size)
     steps_per_epoch = _infer_steps_per_epoch(dataset, steps_per_epoch, batch_size)
-    if _is_data_parallel(strategy):
-        _check_data_parallel_input(dataset, batch_size, replicas, strategy)
+    if replicas > 1 or _is_data_parallel(strategy):
+        _check_replica_input(dataset, batch_size, replicas, strategy)
     if chief:
         output_dir.mkdir(parents=True, exist_ok=True)
     if data_info is not None and not isinstance(data_info, dict):
@@ -133,9 +134,14 @@ def _check_callback_settings(recipe):
     KLWarmup(recipe.get("kl_warmup_epochs") or 0, recipe.get("kl_min", 1.0))
 
 
-def _check_data_parallel_input(dataset, batch_size, replicas, distribution):
-    """Refuses input that `keras.distribution.DataParallel` cannot split (JAX)."""
-    if distribution.num_processes > 1 and not hasattr(dataset, "element_spec"):
+def _check_replica_input(dataset, batch_size, replicas, strategy):
+    """Refuses input whose batches do not split evenly over the replicas.
+
+    `tf.distribute` takes each replica's mean loss over its share and weighs
+    the replicas equally, so a batch split 3 + 2 weighs images unequally
+    without an error; JAX's `DataParallel` cannot split it at all.
+    """
+    if _is_data_parallel(strategy) and strategy.num_processes > 1 and not hasattr(dataset, "element_spec"):
         raise ValueError(
             "Several processes need a tf.data.Dataset of global batches (each process reads its share; "
             "`datasets.make_dataset` makes one). Received: dataset of type "
@@ -151,3 +157,13 @@ def _check_data_parallel_input(dataset, batch_size, replicas, distribution):
             f"use a number of images that is a multiple of {replicas}. Received: {len(dataset)} images, "
             f"batch_size={batch_size}"
         )
+    if hasattr(dataset, "element_spec") and callable(getattr(dataset, "cardinality", None)):
+        # A tf.data.Dataset (a distributed one is split already): its batch
+        # size must be fixed, or a short last batch may not split.
+        size = keras.tree.flatten(dataset.element_spec)[0].shape[0]
+        if size is None or size % replicas:
+            raise ValueError(
+                f"Every batch of the dataset must split evenly over the {replicas} devices: batch it into a "
+                f"multiple of {replicas} images with `drop_remainder=True` (or use `datasets.make_dataset`). "
+                f"Received: dataset batches of {'unknown size' if size is None else size} images"
+            )
