@@ -5,6 +5,7 @@ commands themselves run end to end on a tiny model (`--set` overrides).
 """
 
 import argparse
+import csv
 import json
 import math
 import os
@@ -712,6 +713,17 @@ def test_train_stopped_mid_epoch_resumes_on_the_same_batches(tmp_path, capsys, m
     assert [name for name, _ in reference] == [name for name, _ in resumed]
     for (name, a), (_, b) in zip(reference, resumed):
         np.testing.assert_array_equal(a, b, err_msg=name)
+    # The resumed epoch's history row is the whole epoch's (before: the
+    # means of its last step only, the one run after the resume).
+    rows = {}
+    for name in ("reference", "stopped"):
+        with open(tmp_path / name / "history.csv") as f:
+            rows[name] = list(csv.DictReader(f))
+    assert [r["epoch"] for r in rows["stopped"]] == ["1", "2"]
+    for reference_row, resumed_row in zip(rows["reference"], rows["stopped"]):
+        assert reference_row.keys() == resumed_row.keys()
+        for key, value in reference_row.items():
+            assert float(resumed_row[key]) == pytest.approx(float(value), rel=1e-5), key
 
 
 @pytest.mark.slow

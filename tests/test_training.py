@@ -916,3 +916,13 @@ def test_final_files_older_than_the_checkpoint_are_written_again(tmp_path, monke
     training.train("mnist-baseline", x, out, epochs=2, **kwargs)  # complete and current: nothing rewritten
     assert (out / "model.weights.h5").stat().st_mtime_ns == written
 
+
+def test_epoch_means_merge_by_steps():
+    from keras_avae.training.epoch_means import _merge
+
+    carried = {"steps": 2, "means": {"loss": 10.0, "kl": 1.0}}
+    merged = _merge(carried, 1, {"loss": 4.0, "kl": 4.0, "learning_rate": 0.5}, {"loss", "kl"})
+    assert merged == {"steps": 3, "means": {"loss": 8.0, "kl": 2.0}}
+    # A save before any step of the resumed part keeps what was carried.
+    assert _merge(carried, 0, {}, {"loss", "kl"}) == carried
+    assert _merge(None, 2, {"loss": np.float32(3.0)}, {"loss"}) == {"steps": 2, "means": {"loss": 3.0}}

@@ -76,6 +76,8 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         self._epoch_offset = 0
         self._steps_done = 0
         self._since_save = 0
+        # `train` sets it: a mid-epoch checkpoint records the epoch's means so far.
+        self.epoch_means = None
 
     # --- reading -------------------------------------------------------- #
     def read_state(self):
@@ -183,6 +185,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             # resumed run would draw its samples (latents, dropout) again
             # from the start of their streams.
             "seed_states": [np.asarray(ops.convert_to_numpy(v)).tolist() for v in _seed_states(model)],
+            "epoch_means": self.epoch_means.partial() if self.epoch_means is not None and step else None,
             "saved_at": time.time(),
         }
         _atomic_write_text(self.backup_dir / self.POINTER, json.dumps(state, indent=1))

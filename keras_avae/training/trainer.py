@@ -25,6 +25,7 @@ from keras_avae.training.checkpoints import AtomicBackupAndRestore
 from keras_avae.training.compile_modes import compile_mode
 from keras_avae.training.distribute import _multi_worker_log_reduction
 from keras_avae.training.distribute import num_replicas
+from keras_avae.training.epoch_means import EpochMeans
 from keras_avae.training.jax_distribution import _distribution_scope
 from keras_avae.training.jax_distribution import _is_data_parallel
 from keras_avae.training.interrupts import TrainingInterrupted
@@ -179,6 +180,8 @@ def _build_and_restore(model, strategy, run, config_overrides, jit_compile, save
         committed = backup.read_state()
         _check_run_record(run.output_dir / "run.json", record, committed["epoch"] if committed else None)
         state = backup.restore(model)
+    carried = state and state["step"] and state.get("epoch_means")
+    backup.epoch_means = EpochMeans(resumed=(state["epoch"], carried) if carried else None)
     return model, backup, record, state
 
 
@@ -226,6 +229,7 @@ def _make_callbacks(model, run, monitor, backup, images_from, tensorboard, num_i
 
         run_callbacks.append(_ResumableGumbelSchedule(GumbelTemperatureSchedule(**recipe["temperature_schedule"])))
     run_callbacks.append(monitor)  # after the schedules, before the loggers
+    run_callbacks.append(backup.epoch_means)  # before the loggers: a resumed epoch's whole means
     if run.chief:
         run_callbacks += _logging_callbacks(run.output_dir, images_from, tensorboard, num_images)
     run_callbacks += list(callbacks or [])
