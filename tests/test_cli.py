@@ -158,31 +158,19 @@ def test_train_evaluate_sample_end_to_end(tmp_path, capsys):
     data.mkdir()
     make_mnist_dir(data, n_train=16, n_test=6)
     out = tmp_path / "run"
-    status, _, err = run_main(
-        [
-            "train",
-            "mnist-baseline-small",
-            "--data-dir",
-            str(data),
-            "--output",
-            str(out),
-            "--epochs",
-            "2",
-            "--steps-per-epoch",
-            "2",
-            "--batch-size",
-            "4",
-            "--verbose",
-            "0",
-        ]
-        + sets(TINY_SETS + ["warmup_epochs=1", "kl_warmup_epochs=1"]),
-        capsys,
-    )
+    train = ["train", "mnist-baseline-small", "--data-dir", str(data), "--output", str(out), "--epochs", "2"]
+    train += ["--steps-per-epoch", "2", "--batch-size", "4", "--verbose", "0"]
+    train += sets(TINY_SETS + ["warmup_epochs=1", "kl_warmup_epochs=1"])
+    status, _, err = run_main(train, capsys)
     assert status == 0, err
+    assert "Trained mnist-baseline-small in" in err
     weights = out / "model.weights.h5"
     assert weights.is_file() and (out / "history.csv").is_file()
     run = json.loads((out / "run.json").read_text())
     assert run["epochs"] == 2 and run["config"]["num_layers"] == 2
+    # The same command again trains nothing and says so (before: "Trained ...").
+    status, _, err = run_main(train, capsys)
+    assert status == 0 and "Nothing to train" in err and "Trained" not in err, err
 
     evaluate = [
         "evaluate",

@@ -159,7 +159,7 @@ def test_file_names_that_are_not_utf8_are_read(tmp_path):
 def test_wrong_size_raises_unless_resized(tmp_path):
     write_images(tmp_path / "train", 2, size=(56, 56))
     write_images(tmp_path / "test", 1, size=(30, 28))
-    with pytest.raises(ValueError, match=r"img_000\.png: the image is 30x28 pixels.*28x28.*resize=True.*--resize-images"):
+    with pytest.raises(ValueError, match=r"img_000\.png: the image is 30x28 pixels.*28x28.*resize=True.*resize_images=True.*--resize-images"):
         datasets.read_image_folder(tmp_path, "test", "grey")
     images, _ = datasets.read_image_folder(tmp_path, "test", "grey", resize=True)
     assert images.shape == (1, 28, 28, 1) and images.min() >= 0 and images.max() <= 1

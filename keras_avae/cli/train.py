@@ -74,6 +74,8 @@ def _cmd_train(args):
             resize_images=args.resize_images,
         )
 
+    backup = training.AtomicBackupAndRestore(f"{args.output}/backup")
+    before = backup.read_state() if backup.backup_dir.is_dir() else None
     start = time.time()
     training.train(
         args.name,
@@ -91,7 +93,11 @@ def _cmd_train(args):
         deterministic=args.deterministic,
         **recipe_overrides,
     )
-    print(f"Trained {args.name} in {time.time() - start:.0f} s; final model in {args.output}", file=sys.stderr)
+    after = backup.read_state()
+    if before is not None and after["iterations"] == before["iterations"]:
+        print(f"Nothing to train: {args.output} holds a finished run; final model in {args.output}", file=sys.stderr)
+    else:
+        print(f"Trained {args.name} in {time.time() - start:.0f} s; final model in {args.output}", file=sys.stderr)
 
 
 def _images_sha256(images):

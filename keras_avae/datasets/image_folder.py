@@ -119,8 +119,9 @@ def _read_image(file, kind, resize):
     if image.size != (width, height) and not resize:
         raise ValueError(
             f"{file}: the image is {image.size[0]}x{image.size[1]} pixels but the {kind} entries need "
-            f"{width}x{height} (width x height). Pass resize=True (`--resize-images` on the command line) "
-            f"to resize every image to {width}x{height}, or resize the files."
+            f"{width}x{height} (width x height). Pass resize=True (`resize_images=True` to `load` and "
+            f"`make_dataset`, `--resize-images` on the command line) to resize every image to "
+            f"{width}x{height}, or resize the files."
         )
     # Area averaging when shrinking (as OMNIGLOT's 105 -> 28), Lanczos when enlarging.
     shrinking = image.size[0] >= width and image.size[1] >= height

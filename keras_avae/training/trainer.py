@@ -201,7 +201,9 @@ def _start(run, record, state, verbose):
         _atomic_write_text(path, json.dumps(_jsonable(record), indent=1))
     if verbose:
         print(f"Training step: {record['compile_mode']}.")
-    if state and verbose:
+    if state and verbose and epoch >= run.epochs:
+        print(f"{run.output_dir} holds a finished run of {run.epochs} epochs: nothing to train.")
+    elif state and verbose:
         print(
             f"Resuming from {run.output_dir / 'backup'}: epoch {epoch + 1} of {run.epochs}, step {step} of "
             f"{run.steps_per_epoch} ({state['iterations']} optimizer steps done)."
