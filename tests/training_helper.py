@@ -168,7 +168,8 @@ def replica_noise(out_path):
 
     With a plain `SeedGenerator` both replicas draw the same numbers; a
     model given the same images on both replicas then returns the same
-    outputs on both.
+    outputs on both. Also what `train` says of batches that do not split
+    over the replicas.
     """
     from keras_avae import training
 
@@ -200,7 +201,7 @@ def replica_noise(out_path):
     def forward(x):
         return strategy.run(lambda batch: model(batch, training=True)["kl"], args=(x,))
 
-    per_replica = forward(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(x)).__iter__().__next__())
+    per_replica = forward(next(iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(x)))))
     # A dataset whose last batch (5 images) would split 3 + 2 over the replicas.
     try:
         ragged = tf.data.Dataset.from_tensor_slices(images()[:21]).batch(BATCH)
