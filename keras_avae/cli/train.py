@@ -75,7 +75,7 @@ def _cmd_train(args):
         )
 
     backup = training.AtomicBackupAndRestore(f"{args.output}/backup")
-    before = backup.read_state() if backup.backup_dir.is_dir() else None
+    before = backup.read_state()
     start = time.time()
     training.train(
         args.name,

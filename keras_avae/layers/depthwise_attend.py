@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_avae._validation import is_finite_number
 
+
 @keras.saving.register_keras_serializable(package="keras_avae")
 class DepthwiseAttend(keras.layers.Layer):
     """Per-pixel attention over a sequence of earlier contexts.

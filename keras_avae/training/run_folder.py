@@ -165,10 +165,15 @@ def _truncate_history(path, epoch):
     kept = [r for r in body if kept_row(r)]
     if len(kept) == len(body) and text.endswith("\n"):
         return
+    _write_csv(path, [header] + kept)
+
+
+def _write_csv(path, rows):
+    """Writes `rows` as the whole CSV file `path`, atomically."""
 
     def write(tmp):
         with open(tmp, "w", newline="") as f:
-            csv.writer(f).writerows([header] + kept)
+            csv.writer(f).writerows(rows)
 
     _atomic_write(path, write, ".csv")
 
@@ -203,11 +208,7 @@ class HistoryLogger(keras.callbacks.Callback):
         if not self.path.exists() or self.path.stat().st_size == 0:
             # The header and first row appear together (a kill while writing
             # them would leave a header cut short, which no resume repairs).
-            def write(tmp):
-                with open(tmp, "w", newline="") as f:
-                    csv.writer(f).writerows([header, row])
-
-            _atomic_write(self.path, write, ".csv")
+            _write_csv(self.path, [header, row])
             return
         with open(self.path, "a", newline="") as f:
             csv.writer(f).writerow(row)

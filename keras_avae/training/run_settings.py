@@ -40,7 +40,6 @@ def _first_images(data, n):
     return None
 
 
-
 def _cardinality(dataset):
     """Batches in a dataset (-1: infinite, -2: unknown), or `None` for an input without a length.
 
