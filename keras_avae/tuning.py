@@ -29,6 +29,7 @@ import keras_tuner
 
 from keras_avae import training
 from keras_avae import zoo
+from keras_avae._validation import check_positive_int
 
 OBJECTIVE = keras_tuner.Objective("val_nelbo", direction="min")
 
@@ -66,17 +67,17 @@ class VAEHyperModel(keras_tuner.HyperModel):
             `latent_channels` and `filters` take a non-empty list of positive
             ints to choose from (`filters` sets the encoder and decoder
             filters); the three switches take a non-empty list of bools
-            (`[False, True]` searches the switch, `[False]` or `[True]` fixes
-            it); `learning_rate` takes a `(low, high)` range,
+            (both values search the switch, one value fixes it); a repeated
+            value counts once; `learning_rate` takes a `(low, high)` range,
             `0 < low <= high`, sampled on a log scale. Anything else raises a
             `ValueError` here, at construction.
-        seed: weight-initialisation seed, the same for every trial (`build`
-            reseeds Keras' global generator with it).
+        seed: weight-initialisation seed, an int in `[0, 2**32)`, the same
+            for every trial (`build` reseeds Keras' global generator with it).
         overrides: further fixed config values, e.g. `{"image_shape": ...}`.
             They may not set what a searched key sets (`filters` sets
             `preprocess_filters` and `decoder_filters`): map that key to
             `None` in `search_space` to fix it instead.
-        jit_compile: passed to `model.compile`.
+        jit_compile: `True`, `False` or `"auto"`, passed to `model.compile`.
 
     Example:
 
@@ -99,8 +100,14 @@ class VAEHyperModel(keras_tuner.HyperModel):
         super().__init__(**kwargs)
         if zoo.describe(entry)["family"] != "hierarchical_vae":
             raise ValueError(f"`entry` must be a hierarchical VAE zoo entry. Received: entry={entry!r}")
-        if not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
-            raise ValueError(f"`steps_per_epoch` must be a positive int. Received: steps_per_epoch={steps_per_epoch!r}")
+        steps_per_epoch = check_positive_int(steps_per_epoch, "steps_per_epoch")
+        if epochs is not None:
+            epochs = check_positive_int(epochs, "epochs")
+        if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or not 0 <= seed < 2**32:
+            # `build` reseeds Keras' global generator with it, which takes [0, 2**32).
+            raise ValueError(f"`seed` must be an int in [0, 2**32). Received: seed={seed!r}")
+        if not (isinstance(jit_compile, bool) or jit_compile == "auto"):
+            raise ValueError(f"`jit_compile` must be True, False or 'auto'. Received: jit_compile={jit_compile!r}")
         if search_space is not None and not isinstance(search_space, dict):
             raise ValueError(f"`search_space` must be a dict or None. Received: search_space={search_space!r}")
         if overrides is not None and not isinstance(overrides, dict):
@@ -130,7 +137,7 @@ class VAEHyperModel(keras_tuner.HyperModel):
         self.entry = entry
         self.steps_per_epoch = steps_per_epoch
         self.epochs = epochs
-        self.seed = seed
+        self.seed = int(seed)
         self.jit_compile = jit_compile
 
     def _config(self, hp):
@@ -145,8 +152,8 @@ class VAEHyperModel(keras_tuner.HyperModel):
         for key in _SWITCHES:
             if key not in space:
                 continue
-            choices = list(space[key])
-            on = hp.Boolean(key) if sorted(choices) == [False, True] else hp.Fixed(key, bool(choices[0]))
+            choices = space[key]  # [False, True] or one of them (see `_checked`)
+            on = hp.Boolean(key) if len(choices) == 2 else hp.Fixed(key, choices[0])
             if key == "nonlocal_blocks":
                 config[key] = (copy.copy(base[key]) or list(_NONLOCAL_PLACES)) if on else []
             else:
@@ -197,7 +204,7 @@ def _checked(key, value):
     elif key in _SWITCHES:
         form = "a non-empty list of bools, e.g. [False, True]"
         ok = isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(v, bool) for v in value)
-        value_out = list(value) if ok else None
+        value_out = sorted(set(value)) if ok else None
     else:
         form = "a non-empty list of positive ints to choose from"
         ok = (
@@ -205,7 +212,8 @@ def _checked(key, value):
             and len(value) > 0
             and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0 for v in value)
         )
-        value_out = [int(v) for v in value] if ok else None
+        # Each value once: a repeated one would be drawn more often.
+        value_out = list(dict.fromkeys(int(v) for v in value)) if ok else None
     if not ok:
         raise ValueError(f"`search_space[{key!r}]` must be {form} (or None, not to search it). Received: {value!r}")
     return value_out

@@ -58,6 +58,18 @@ def test_bad_arguments_name_the_value():
         VAEHyperModel("mnist-gumbel")
     with pytest.raises(ValueError, match="steps_per_epoch=0"):
         VAEHyperModel(steps_per_epoch=0)
+    with pytest.raises(ValueError, match="steps_per_epoch=True"):
+        VAEHyperModel(steps_per_epoch=True)
+    for epochs in (0, "2", 2.5):
+        with pytest.raises(ValueError, match=rf"Received: epochs={epochs!r}"):
+            VAEHyperModel(epochs=epochs)
+    for seed in (-1, 2**32, None, 1.5):
+        with pytest.raises(ValueError, match=rf"`seed` must be an int.*Received: seed={seed!r}"):
+            VAEHyperModel(seed=seed)
+    for jit_compile in ("yes", 1):
+        with pytest.raises(ValueError, match=rf"Received: jit_compile={jit_compile!r}"):
+            VAEHyperModel(jit_compile=jit_compile)
+    assert VAEHyperModel(steps_per_epoch=np.int64(10), epochs=np.int64(2)).steps_per_epoch == 10
 
 
 RANGE, CHOICES, SWITCH = r"\(low, high\) range", "list of positive ints", "list of bools"
@@ -99,6 +111,14 @@ def test_search_space_forms_are_accepted_and_canonical():
     space = hypermodel.search_space
     assert space["learning_rate"] == (1e-3, 1e-3) and space["filters"] == [4, 8]
     assert space["nonlocal_blocks"] == [True] and "num_layers" not in space
+    # A repeated value counts once: both switch values stay searched, no choice is drawn twice as often.
+    hypermodel = VAEHyperModel(search_space={"nonlocal_blocks": [False, True, True], "num_layers": [4, 2, 4]})
+    assert hypermodel.search_space["nonlocal_blocks"] == [False, True]
+    assert hypermodel.search_space["num_layers"] == [4, 2]
+    hp = keras_tuner.HyperParameters()
+    hypermodel._config(hp)
+    kinds = {p.name: type(p).__name__ for p in hp.space}
+    assert kinds["nonlocal_blocks"] == "Boolean" and kinds["num_layers"] == "Choice"
     with pytest.raises(ValueError, match=r"`search_space` must be a dict.*\[\('filters', \[4\]\)\]"):
         VAEHyperModel(search_space=[("filters", [4])])
 
