@@ -124,14 +124,16 @@ class ELBOModel(PresetMixin, keras.Model):
         extra = self._added_losses() + self._regularization_losses()
         if extra:
             loss = loss + ops.sum(ops.stack([ops.cast(term, "float32") for term in extra]))
-        nelbo = nll + kl
+        # The trackers take per-image values: a smaller last batch counts
+        # for its images, not as much as a full batch (Keras' `loss` tracker
+        # weighs batch means by the batch size likewise).
+        nelbo = y_pred["nll"] + y_pred["kl"]
         self.nelbo_tracker.update_state(nelbo)
-        self.reconstruction_tracker.update_state(nll)
-        self.kl_tracker.update_state(kl)
+        self.reconstruction_tracker.update_state(y_pred["nll"])
+        self.kl_tracker.update_state(y_pred["kl"])
         self.bits_per_dim_tracker.update_state(nelbo / (self.num_data_dims * math.log(2.0)))
-        layer_kl = ops.mean(y_pred["kl_per_layer"], axis=0)
         for i, tracker in enumerate(self.layer_kl_trackers):
-            tracker.update_state(layer_kl[i])
+            tracker.update_state(y_pred["kl_per_layer"][:, i])
         return _scale_loss_for_distribution(loss)
 
     def _added_losses(self):

@@ -107,3 +107,18 @@ class TestTrainFunction(TestCase):
         before = [to_numpy(v) for v in model.trainable_variables]
         model.train_on_batch(x)
         assert any(not np.array_equal(a, to_numpy(v)) for a, v in zip(before, model.trainable_variables))
+
+
+def test_metrics_weigh_each_image_alike_whatever_the_batches():
+    # 8 images in batches of 3, 3 and 2. Keras' `loss` tracker weighs each
+    # batch mean by its size; with no penalty and KL weight 1 the loss is the
+    # negative ELBO, so the two means agree only if `nelbo` counts images too.
+    model = HierarchicalVAE(**dict(TINY, l2=0.0, seed=3))
+    model.compile(optimizer="adam", jit_compile=False)
+    x = (np.random.default_rng(0).random((8, *TINY["image_shape"])) > 0.5).astype("float32")
+    x[-1] = 1.0  # an image unlike the others, so the last batch's mean stands out
+    logs = model.evaluate(x, batch_size=3, verbose=0, return_dict=True)
+    np.testing.assert_allclose(logs["nelbo"], logs["loss"], rtol=1e-5)
+    np.testing.assert_allclose(logs["reconstruction"] + logs["kl"], logs["nelbo"], rtol=1e-5)
+    layer_kls = [logs[f"kl_{i}"] for i in range(len(model.layer_kl_trackers))]
+    np.testing.assert_allclose(sum(layer_kls), logs["kl"], rtol=1e-4)
