@@ -11,12 +11,14 @@ def bernoulli_log_prob(logits, x, crop=0):
 
     Args:
         logits: `(B, H, W, C)` Bernoulli logits.
-        x: `(B, H, W, C)` binary images (0 or 1).
+        x: `(B, H, W, C)` images in [0, 1]: binary (0 or 1), or grey levels,
+            whose log-probability is then minus the cross-entropy
+            `x log sigmoid(l) + (1 - x) log sigmoid(-l)` (as TFP computes it).
         crop: pixels dropped on every side before summing (the 2-pixel pad
             that brings 28x28 images to 32x32 is not data).
 
-    Uses TFP's `Bernoulli` on TensorFlow/JAX and `-softplus(-s * logits)`,
-    `s = 2x - 1` (the same formula) on torch.
+    Uses TFP's `Bernoulli` on TensorFlow/JAX and the same stable formula,
+    `-binary_crossentropy(x, logits, from_logits=True)`, on torch.
 
     Example:
 
@@ -33,5 +35,5 @@ def bernoulli_log_prob(logits, x, crop=0):
     if has_tfp():
         per_pixel = tfd().Bernoulli(logits=logits, dtype="float32").log_prob(x)
     else:
-        per_pixel = -ops.softplus(-(2.0 * x - 1.0) * logits)
+        per_pixel = -ops.binary_crossentropy(x, logits, from_logits=True)
     return ops.sum(ops.reshape(per_pixel, (ops.shape(x)[0], -1)), axis=-1)

@@ -58,3 +58,13 @@ def test_bernoulli_log_prob_and_crop():
     np.testing.assert_allclose(to_numpy(bernoulli_log_prob(logits, x)), full.reshape(2, -1).sum(-1), rtol=1e-5)
     cropped = full[:, 2:-2, 2:-2].reshape(2, -1).sum(-1)
     np.testing.assert_allclose(to_numpy(bernoulli_log_prob(logits, x, crop=2)), cropped, rtol=1e-5)
+
+
+def test_bernoulli_log_prob_of_grey_levels_and_extreme_logits():
+    # Grey levels score minus the cross-entropy on every backend; logits of
+    # +-100 stay finite and exact (NumPy in float64 as the reference).
+    logits = np.array([5.0, -3.0, 100.0, -100.0, 100.0, 0.5], "float32").reshape(1, 1, 6, 1)
+    x = np.array([0.3, 0.7, 1.0, 0.0, 0.0, 0.25], "float32").reshape(1, 1, 6, 1)
+    lg, xd = logits.astype("float64"), x.astype("float64")
+    expected = np.sum(xd * -np.logaddexp(0, -lg) + (1 - xd) * -np.logaddexp(0, lg))
+    np.testing.assert_allclose(to_numpy(bernoulli_log_prob(logits, x))[0], expected, rtol=1e-6)
