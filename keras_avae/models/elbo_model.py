@@ -60,9 +60,9 @@ class ELBOModel(PresetMixin, keras.Model):
             return
         shape = (1, *self.image_shape)
         if keras.backend.backend() == "jax":
-            self.compute_output_spec(keras.KerasTensor(shape, dtype=self.compute_dtype), training=False)
+            self.compute_output_spec(keras.KerasTensor(shape, dtype=self.input_dtype), training=False)
         else:
-            self.call(ops.zeros(shape, self.compute_dtype), training=False)
+            self.call(ops.zeros(shape, self.input_dtype), training=False)
         self.built = True
 
     def make_train_function(self, force=False):
@@ -96,6 +96,17 @@ class ELBOModel(PresetMixin, keras.Model):
             else:
                 optimizer.build(self.trainable_variables)
         return super().make_train_function(force=force)
+
+    @property
+    def input_dtype(self):
+        """float32 under any dtype policy: the likelihood scores the exact pixel values.
+
+        Keras casts a model's inputs to the compute dtype; bfloat16 cannot
+        hold the 256 levels of an 8-bit image (and float16 rounds some), so
+        a mixed-precision model would score other images than it was given.
+        The encoders cast their own copy to the compute dtype.
+        """
+        return "float32"
 
     @property
     def num_data_dims(self):

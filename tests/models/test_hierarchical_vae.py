@@ -272,6 +272,26 @@ class TestHierarchicalVAE(TestCase):
             assert keras.backend.standardize_dtype(value.dtype) == "float32"
         self.assertAllFinite(out)
 
+    def test_mixed_precision_scores_the_exact_pixel_values(self):
+        # bfloat16 cannot hold the 256 levels: Keras' input cast would hand
+        # the likelihood 0.984375 for the level 251/127.5 - 1 (0.96862...).
+        config = dict(TINY, image_shape=(8, 8, 3), likelihood="logistic_mixture", num_mixtures=2)
+        model = HierarchicalVAE(**config, dtype="mixed_bfloat16")
+        x = (np.arange(192).reshape(1, 8, 8, 3) % 256 + 60) / 127.5 - 1.0
+        x = x.astype("float32")
+        scored = []
+        original = model._log_likelihood
+
+        def recording(params, images):
+            scored.append(images)
+            return original(params, images)
+
+        model._log_likelihood = recording
+        out = model(x)
+        assert keras.backend.standardize_dtype(scored[-1].dtype) == "float32"
+        np.testing.assert_array_equal(to_numpy(scored[-1]), x)
+        self.assertAllFinite(out)
+
 
 class TestInferenceInputs(TestCase):
     """`log_likelihood`, `reconstruct`, `encode` and `sample` check what they get, eagerly."""
