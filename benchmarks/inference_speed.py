@@ -46,7 +46,7 @@ def measure(name, mode, tiny):
         "reconstruct": lambda: model.reconstruct(x[:32]),
         "encode": lambda: model.encode(x[:32]),
         "sample": lambda: model.sample(64),
-        "elbo": lambda: evaluation._elbo(model, x),
+        "elbo": lambda: evaluation._elbo(model, x, len(x)),
         "kl_per_layer": lambda: inspection.kl_per_layer(model, x),
     }
     for method in METHODS:

@@ -2,9 +2,10 @@
 
 `log p(x) ~= logsumexp_k [log p(x|z_k) + log p(z_k) - log q(z_k|x)] - log K`
 (Burda et al., 2016) with `z_k ~ q(z|x)`. Unlike the reference, the
-deterministic bottom-up pass runs once per image; the images and their K
-samples are split into passes that fit in the available memory, so a batch
-of any size with any K gets its answer instead of being killed.
+deterministic bottom-up pass runs once per pass of up to K samples, not once
+per sample; the images and their K samples are split into passes that fit
+in the available memory, so a batch of any size with any K gets its answer
+instead of being killed.
 `score_batches` runs it over a whole test set and can stop and resume: a
 full MNIST evaluation with K = 100 takes hours on a CPU.
 """
@@ -69,11 +70,16 @@ def importance_sampled_log_likelihood(model, x, num_samples=100, chunk_size=None
     if chunk_size is not None:
         chunk_size = check_positive_int(chunk_size, "chunk_size")
     x = _checked_images(model, x, "x")
-    batch = int(x.shape[0])
-    chunk_size, images_per_pass = _pass_plan(model, batch, num_samples, chunk_size)
+    plan = _pass_plan(model, int(x.shape[0]), num_samples, chunk_size)
+    return _estimate(model, x, num_samples, plan)
+
+
+def _estimate(model, x, num_samples, plan):
+    """The importance-sampled estimates of the checked batch `x` in the passes `plan` gives."""
+    chunk_size, images_per_pass = plan
     log_weights = _compiled_log_weights(model)
     estimates = []
-    for start in range(0, batch, images_per_pass):
+    for start in range(0, int(x.shape[0]), images_per_pass):
         images = ops.convert_to_tensor(x[start : start + images_per_pass])
         chunks, done = [], 0
         while done < num_samples:
@@ -109,7 +115,8 @@ def _pass_plan(model, batch, num_samples, chunk_size):
             )
         fits = max_rows // batch
         remedy = (
-            f"pass `chunk_size={fits}` or less (chunk_size x {batch} images must fit)"
+            f"pass `chunk_size={fits}` or less (`keras-avae evaluate --chunk-size {fits}`; "
+            f"chunk_size x {batch} images must fit)"
             if fits
             else f"score batches of at most {max_rows} images, with an explicit `chunk_size`"
         )
@@ -276,11 +283,16 @@ def score_batches(
     `(seed, batch index)`, so each batch draws the same samples however the
     run was split: a run stopped and resumed from `progress_path` gives the
     numbers one uninterrupted run gives, and two runs with the same `seed`
-    agree.
+    agree. The passes a batch is split into (which also decide the draws)
+    are planned once per batch size from the memory available then, and
+    kept for the rest of the run and in the progress file: a resume where
+    they no longer fit in memory is refused with a `ValueError`. A batch
+    whose estimate or ELBO is not finite (NaN weights) raises
+    `FloatingPointError` before anything of it is saved.
 
     Args:
-        model: a keras-avae VAE (`log_likelihood`, and a call that returns
-            `nll` and `kl`).
+        model: a keras-avae VAE (`bottom_up`, `log_weights`, and a call
+            that returns `nll` and `kl`).
         batches: an iterable of image batches, in the same order every run
             (e.g. `datasets.make_dataset(..., shuffle=False)`).
         num_samples: K, importance samples per image.
@@ -296,7 +308,8 @@ def score_batches(
         report: optional `report(images_done, log_px_so_far, seconds)`
             callable, called after every batch (e.g. to print progress).
         chunk_size: the most samples per top-down pass, as in
-            `importance_sampled_log_likelihood` (default: its choice).
+            `importance_sampled_log_likelihood` (default: its choice); a
+            progress file records it, and another value is refused.
 
     Returns:
         A dict: `log_px` and `elbo`, NumPy float64 arrays `(N,)` in nats;
@@ -319,18 +332,21 @@ def score_batches(
         raise ValueError(f"`seed` must be an int in [0, 2**20). Received: seed={seed!r}")
     if not model.built:
         model.build()  # its seed generators must exist before the first reseed
-    state = {"log_px": [], "elbo": [], "checksums": [], "seconds": 0.0}
+    state = {"log_px": [], "elbo": [], "checksums": [], "seconds": 0.0, "plans": {}}
     if progress_path is not None:
         # Without `run_info`, only the weights tell two models' files apart.
-        identity = _progress_identity(_model_fingerprint(model) if run_info is None else run_info, num_samples, seed)
+        identity = _progress_identity(
+            _model_fingerprint(model) if run_info is None else run_info, num_samples, seed, chunk_size
+        )
         if os.path.exists(progress_path):
             state = _read_progress(progress_path, identity)
     resumed = len(state["log_px"])
     done_batches = len(state["checksums"])
+    recorded_plans = set(state["plans"])  # checked against this process's memory at their first use
     start, seen = time.time(), 0
     for index, batch in enumerate(batches):
         seen = index + 1
-        x = concrete_numpy(batch, "batch")
+        x = _checked_images(model, batch, f"batches[{index}]")
         checksum = float(np.asarray(x, np.float64).sum())
         if index < done_batches:
             # Cheap guard against data that changed between the runs.
@@ -341,10 +357,16 @@ def score_batches(
                     "Delete the file to start over."
                 )
             continue
-        x = _checked_images(model, x, f"batches[{index}]")
+        plan = _run_plan(model, state["plans"], recorded_plans, len(x), num_samples, chunk_size, progress_path)
         _reseed(model, seed, index)
-        log_px = np.asarray(model.log_likelihood(x, num_samples=num_samples, chunk_size=chunk_size), np.float64)
-        elbo = _elbo(model, x)
+        log_px = _estimate(model, x, num_samples, plan[:2])
+        elbo = _elbo(model, x, plan[2])
+        bad = np.flatnonzero(~(np.isfinite(log_px) & np.isfinite(elbo)))
+        if bad.size:
+            raise FloatingPointError(
+                f"Batch {index}: the model scored {bad.size} of its {len(x)} images (images {bad[:10].tolist()}) "
+                "NaN or infinite: its weights or outputs are not finite. Nothing of this batch was saved."
+            )
         state["log_px"].extend(log_px.tolist())
         state["elbo"].extend(np.asarray(elbo, np.float64).tolist())
         state["checksums"].append(checksum)
@@ -366,9 +388,36 @@ def score_batches(
     }
 
 
-def _elbo(model, x):
-    """Per-image ELBO in nats, `(B,)`, in passes of at most `_max_rows_per_pass(model)` images."""
-    step = _max_rows_per_pass(model)
+def _run_plan(model, plans, unchecked, batch, num_samples, chunk_size, progress_path):
+    """`[samples per pass, images per pass, images per ELBO pass]` for a batch of `batch` images.
+
+    The passes decide the draws, and the memory they are planned from
+    changes during a run and between a stop and its resume: so a run plans
+    each batch size once (`plans`, which the progress file keeps) and keeps
+    the plan. A plan read from the file (`unchecked`) must fit in this
+    process's memory; else a `ValueError`, since another plan would draw
+    other samples than the uninterrupted run.
+    """
+    key = str(batch)
+    if key not in plans:
+        plans[key] = [*_pass_plan(model, batch, num_samples, chunk_size), min(batch, _max_rows_per_pass(model))]
+    elif key in unchecked:
+        unchecked.discard(key)
+        chunk, images, elbo_images = plans[key]
+        max_rows = _max_rows_per_pass(model)
+        if max(chunk * images, elbo_images) > max_rows:
+            raise ValueError(
+                f"`progress_path={progress_path!r}` scored batches of {batch} images in passes of {chunk} samples "
+                f"x {images} images, but only {max_rows} image-samples fit in the memory available now: smaller "
+                "passes would draw other samples than an uninterrupted run. Free memory, or delete the file "
+                "(or use another) to score again in passes that fit."
+            )
+    return plans[key]
+
+
+def _elbo(model, x, images_per_pass):
+    """Per-image ELBO in nats, `(B,)`, in passes of `images_per_pass` images."""
+    step = images_per_pass
     terms = inference_passes.inference_pass(model, "elbo_terms", lambda b: _elbo_terms(model(b, training=False)))
     parts = []
     for start in range(0, len(x), step):
@@ -408,9 +457,13 @@ def _reseed(model, seed, batch_index):
         state.assign(np.array([key, batch_index * _DRAWS_PER_BATCH]).astype(state.dtype))
 
 
-def _progress_identity(run_info, num_samples, seed):
-    """What a progress file records of its run, as the file holds it after a JSON round trip."""
-    return json.loads(json.dumps({"num_samples": num_samples, "seed": seed, **(run_info or {})}))
+def _progress_identity(run_info, num_samples, seed, chunk_size=None):
+    """What a progress file records of its run, as the file holds it after a JSON round trip.
+
+    `chunk_size` only when given: files written before it was recorded resume.
+    """
+    chunks = {} if chunk_size is None else {"chunk_size": chunk_size}
+    return json.loads(json.dumps({"num_samples": num_samples, "seed": seed, **chunks, **(run_info or {})}))
 
 
 def _model_fingerprint(model):
@@ -431,6 +484,8 @@ def _load_progress(path):
                 "elbo": data["elbo"].tolist(),
                 "checksums": data["checksums"].tolist(),
                 "seconds": float(data["seconds"]),
+                # Files written before the plans were recorded plan afresh.
+                "plans": json.loads(str(data["plans"])) if "plans" in data.files else {},
             }
     except Exception as error:  # a truncated zip, a foreign file, missing keys
         raise ValueError(
@@ -472,6 +527,7 @@ def _write_progress(path, identity, state):
                 elbo=np.asarray(state["elbo"], np.float64),
                 checksums=np.asarray(state["checksums"], np.float64),
                 seconds=np.array(state["seconds"], np.float64),
+                plans=np.array(json.dumps(state.get("plans", {}), sort_keys=True)),
             )
 
     _atomic_write(path, write, pathlib.Path(path).suffix)
@@ -486,7 +542,8 @@ def summarize(log_px, elbo, num_data_dims):
     >>> s["nll_nats"], s["nll_stderr"], s["elbo_nats"]
     (101.0, 1.0, -111.0)
     """
-    log_px, elbo = np.asarray(log_px, np.float64), np.asarray(elbo, np.float64)
+    log_px = _per_image_scores(log_px, "log_px")
+    elbo = _per_image_scores(elbo, "elbo")
     nll = float(-log_px.mean())
     return {
         "num_examples": int(log_px.size),
@@ -557,13 +614,19 @@ def _same_pixel_sums(a, b):
 
 def _scores_file(path):
     """A scores file read once: `log_px`, and `identity` and `checksums` (`None` in a plain `log_px` file)."""
-    with np.load(path, allow_pickle=False) as data:
-        has_identity = "identity" in data.files and "checksums" in data.files
-        return {
-            "log_px": data["log_px"],
-            "identity": json.loads(str(data["identity"])) if has_identity else None,
-            "checksums": data["checksums"] if has_identity else None,
-        }
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            has_identity = "identity" in data.files and "checksums" in data.files
+            return {
+                "log_px": data["log_px"],
+                "identity": json.loads(str(data["identity"])) if has_identity else None,
+                "checksums": data["checksums"] if has_identity else None,
+            }
+    except Exception as error:  # no `log_px`, not an .npz, unreadable
+        raise ValueError(
+            f"{os.fspath(path)!r} is not a scores file: an `.npz` with per-image `log_px` "
+            f"({type(error).__name__}: {error})"
+        ) from None
 
 
 def _check_same_images(path_a, path_b, file_a, file_b):

@@ -81,6 +81,10 @@ def test_unknown_name_is_one_line_status_2(tmp_path, capsys):
         (["train", "mnist-baseline", "--data-dir", "d", "--output", "o", "--save-freq", "0"], "--save-freq"),
         (["train", "mnist-baseline", "--data-dir", "d", "--output", "o", "--save-freq", "often"], "'often'"),
         (["frobnicate"], "'frobnicate'"),
+        # Checked before anything loads (it was refused after the data and model, or by the dataset).
+        (["evaluate", "mnist-baseline", "--weights", "w", "--data-dir", "d", "--seed", "-1"], "[0, 2**20)"),
+        (["evaluate", "mnist-baseline", "--weights", "w", "--data-dir", "d", "--seed", "1048576"], "'1048576'"),
+        (["evaluate", "mnist-baseline", "--weights", "w", "--data-dir", "d", "--chunk-size", "0"], "'0'"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(argv, fragment, capsys):
@@ -88,6 +92,16 @@ def test_bad_flags_exit_2_with_one_line(argv, fragment, capsys):
         cli.main(argv)
     assert exit_info.value.code == 2
     assert_one_line_error(capsys.readouterr().err, fragment)
+
+
+def test_a_plain_ctrl_c_says_interrupted(monkeypatch, capsys):
+    # `str(KeyboardInterrupt())` is empty: the line read "keras-avae zoo: ".
+    def stop(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli._COMMANDS, "zoo", stop)
+    status, _, err = run_main(["zoo"], capsys)
+    assert status == 130 and err.strip() == "keras-avae zoo: interrupted"
 
 
 def test_demo_of_an_untrained_entry_names_the_trained_ones(tmp_path, capsys):
@@ -324,6 +338,13 @@ def test_evaluate_extends_a_smaller_limit_to_the_same_figures(tmp_path, capsys, 
         status, _, err = run_main(evaluate + ["--progress", str(tmp_path / "grown.npz"), "--limit", limit], capsys)
         assert status == 2
         assert_one_line_error(err, *fragments)
+    # --chunk-size is recorded: a file grows only with the same value.
+    chunked, _ = scores("chunked.npz", "--limit", "4", "--chunk-size", "2")
+    grown, _ = scores("chunked.npz", "--limit", "5", "--chunk-size", "2")
+    assert grown["resumed_images"] == 4 and grown["num_examples"] == 5
+    status, _, err = run_main(evaluate + ["--progress", str(tmp_path / "chunked.npz"), "--limit", "6"], capsys)
+    assert status == 2
+    assert_one_line_error(err, "different evaluation", "chunk_size: file 2, this run None")
 
 
 @pytest.mark.slow

@@ -403,3 +403,80 @@ def test_scoring_records_no_autograd_graph_on_torch(monkeypatch):
     assert len(grad_enabled) >= 2 and not any(grad_enabled), grad_enabled
     assert torch.is_grad_enabled()  # restored afterwards
     assert np.all(np.isfinite(scores["log_px"]))
+
+
+def test_a_run_keeps_its_passes_when_the_free_memory_changes(model, monkeypatch, tmp_path):
+    # The passes decide the draws. Before, each batch was planned from the
+    # memory free at that moment: a run, or its resume on a busier machine,
+    # silently mixed batches drawn in other passes.
+    passes = budget(model, 6, monkeypatch)
+    path = str(tmp_path / "progress.npz")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the shrink warning, tested above
+        uninterrupted = evaluation.score_batches(model, BATCHES, num_samples=4, seed=2)
+        planned = list(passes)
+        with pytest.raises(Interrupted):
+            evaluation.score_batches(model, cut_after(BATCHES, 1), num_samples=4, seed=2, progress_path=path)
+    # The resume has all the memory it wants, yet scores in the file's passes.
+    memory_for(model, 10**6, monkeypatch)
+    passes.clear()
+    resumed = evaluation.score_batches(model, BATCHES, num_samples=4, seed=2, progress_path=path)
+    assert passes == planned[len(planned) // 3 :], passes
+    np.testing.assert_array_equal(resumed["log_px"], uninterrupted["log_px"])
+    np.testing.assert_array_equal(resumed["elbo"], uninterrupted["elbo"])
+    # Within one run, memory that shrinks after the first batch changes nothing.
+    available = iter([10**12] + [1] * 100)
+    per_row = evaluation._bytes_per_row(model)
+    monkeypatch.setattr(evaluation, "_available_memory_bytes", lambda: max(per_row * 2, next(available)))
+    passes.clear()
+    evaluation.score_batches(model, BATCHES, num_samples=4, seed=2)
+    assert passes == [(3, 4)] * 3, passes
+
+
+def test_a_resume_whose_passes_no_longer_fit_is_refused(model, monkeypatch, tmp_path):
+    path = str(tmp_path / "progress.npz")
+    budget(model, 10**6, monkeypatch)
+    with pytest.raises(Interrupted):
+        evaluation.score_batches(model, cut_after(BATCHES, 1), num_samples=4, seed=2, progress_path=path)
+    memory_for(model, 6, monkeypatch)
+    pattern = r"scored batches of 3 images in passes of 4 samples x 3 images, but only 6 image-samples fit"
+    with pytest.raises(ValueError, match=pattern):
+        evaluation.score_batches(model, BATCHES, num_samples=4, seed=2, progress_path=path)
+    # Another chunk_size is another evaluation.
+    memory_for(model, 10**6, monkeypatch)
+    with pytest.raises(ValueError, match=r"chunk_size: file None, this run 2"):
+        evaluation.score_batches(model, BATCHES, num_samples=4, seed=2, progress_path=path, chunk_size=2)
+
+
+def test_non_finite_scores_raise_and_save_nothing(model, tmp_path):
+    # Before, NaN weights gave NaN figures, saved in the progress file, and
+    # `evaluate` printed them as (invalid) JSON with status 0.
+    path = tmp_path / "progress.npz"
+    weight = model.data_head.weights[0]
+    original = ops.convert_to_numpy(weight)
+    weight.assign(np.full(original.shape, np.nan, original.dtype))
+    try:
+        with pytest.raises(FloatingPointError, match=r"Batch 0: the model scored 3 of its 3 images .* NaN"):
+            evaluation.score_batches(model, BATCHES, num_samples=2, progress_path=str(path))
+    finally:
+        weight.assign(original)
+    assert not path.exists()
+    with pytest.raises(ValueError, match="`log_px` must hold finite per-image values"):
+        evaluation.summarize(np.array([-1.0, np.nan]), np.array([-2.0, -3.0]), 784)
+
+
+def test_a_bad_batch_on_resume_is_named_as_such(model, tmp_path):
+    path = str(tmp_path / "progress.npz")
+    evaluation.score_batches(model, BATCHES[:1], num_samples=2, progress_path=path)
+    bad = BATCHES[0].copy()
+    bad[0, 0, 0, 0] = np.nan
+    # Not "the data changed": the batch is not an image batch.
+    with pytest.raises(ValueError, match=r"`batches\[0\]` contains 1 non-finite values"):
+        evaluation.score_batches(model, [bad], num_samples=2, progress_path=path)
+
+
+def test_paired_difference_names_a_file_without_scores(tmp_path):
+    path = tmp_path / "other.npz"
+    np.savez(path, weights=np.zeros(3))
+    with pytest.raises(ValueError, match=r"other\.npz' is not a scores file"):
+        evaluation.paired_difference(str(path), np.zeros(3))

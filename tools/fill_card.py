@@ -144,6 +144,11 @@ def fill_card(args):
     source = pathlib.Path(args.weights or pathlib.Path(args.run) / "model.weights.h5")
     source_sha256 = _sha256(source)
     printed, progress = _checked_evaluation(args, source_sha256)
+    if printed["nll_stderr"] is None:
+        raise ValueError(
+            f"the evaluation scored {printed['num_examples']} image: a card's figure needs a standard error, "
+            "so score at least 2 (a card's test set, at least 1,000)"
+        )
     seconds = epoch_seconds(args.log)
     if len(seconds) != run["epochs"]:
         raise ValueError(f"{args.log} logs {len(seconds)} finished epochs, the run has {run['epochs']}")

@@ -71,7 +71,7 @@ def main(argv=None):
     except KeyboardInterrupt as stop:
         # `training.TrainingInterrupted` (SIGINT/SIGTERM after a checkpoint)
         # says what was saved; a plain one (a second Ctrl-C) only that it stopped.
-        print(f"keras-avae {args.command}: {stop or 'interrupted'}", file=sys.stderr)
+        print(f"keras-avae {args.command}: {str(stop) or 'interrupted'}", file=sys.stderr)
         return getattr(stop, "exit_status", 130)
     except (ValueError, FileNotFoundError, OSError, RuntimeError, FloatingPointError) as error:
         if os.environ.get("KERAS_AVAE_DEBUG"):

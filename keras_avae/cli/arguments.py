@@ -60,6 +60,21 @@ def _positive(kind):
     return parse
 
 
+def _seed_below(limit, limit_text):
+    """An argparse type: an int in `[0, limit)`."""
+
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if not 0 <= value < limit:
+            raise argparse.ArgumentTypeError(f"expected an int in [0, {limit_text}), received {text!r}")
+        return value
+
+    return parse
+
+
 def _save_freq(text):
     """`--save-freq`: "epoch" or a positive number of steps."""
     if text == "epoch":

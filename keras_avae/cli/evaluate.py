@@ -45,7 +45,7 @@ def _cmd_evaluate(args):
     }
 
     if args.progress:  # before the model is built: a refusal costs nothing
-        _extend_a_smaller_limit(args.progress, run_info, args.num_samples, args.seed)
+        _extend_a_smaller_limit(args.progress, run_info, args.num_samples, args.seed, args.chunk_size)
     model = _load_model(args)
     data = zoo.describe(args.name)["dataset"]
     # Static binarisation with a fixed seed: the same binary images every run,
@@ -77,6 +77,7 @@ def _cmd_evaluate(args):
         seed=args.seed,
         progress_path=args.progress,
         run_info=run_info,
+        chunk_size=args.chunk_size,
         report=report if args.verbose else None,
     )
     result = {
@@ -88,10 +89,10 @@ def _cmd_evaluate(args):
         "seconds": round(scores["seconds"], 1),
         "resumed_images": scores["resumed_images"],
     }
-    print(json.dumps(result))
+    print(json.dumps(result, allow_nan=False))
 
 
-def _extend_a_smaller_limit(path, run_info, num_samples, seed):
+def _extend_a_smaller_limit(path, run_info, num_samples, seed, chunk_size=None):
     """Lets a run with a larger `--limit` (or none) continue the progress file of a smaller one.
 
     The first images of a split come in the same batches whatever the
@@ -106,7 +107,7 @@ def _extend_a_smaller_limit(path, run_info, num_samples, seed):
     if not os.path.exists(path):
         return
     saved, state = evaluation._load_progress(path)
-    identity = evaluation._progress_identity(run_info, num_samples, seed)
+    identity = evaluation._progress_identity(run_info, num_samples, seed, chunk_size)
     old, new = saved.get("limit"), identity["limit"]
     if {**saved, "limit": new} != identity or old is None or (new is not None and new <= old):
         return  # the same run, or another one: score_batches resumes or refuses it

@@ -7,6 +7,7 @@ import argparse
 
 from keras_avae.cli.arguments import _DATA_DIR_HELP
 from keras_avae.cli.arguments import _positive
+from keras_avae.cli.arguments import _seed_below
 from keras_avae.cli.arguments import _RESIZE_HELP
 from keras_avae.cli.arguments import _save_freq
 from keras_avae.cli.arguments import _set_help
@@ -133,7 +134,15 @@ def _add_evaluate_parser(commands, backend):
     )
     evaluate.add_argument("--resize-images", action="store_true", help=_RESIZE_HELP)
     evaluate.add_argument("--batch-size", type=_positive(int), default=25, help="images per pass")
-    evaluate.add_argument("--seed", type=int, default=0, help="binarisation and sampling seed")
+    evaluate.add_argument(
+        "--seed", type=_seed_below(2**20, "2**20"), default=0, help="binarisation and sampling seed, 0 to 2**20 - 1"
+    )
+    evaluate.add_argument(
+        "--chunk-size",
+        type=_positive(int),
+        help="the most importance samples per top-down pass (default: as many as fit, up to 1024 image-samples "
+        "a pass); the passes decide the draws, so the same value gives the same numbers on any machine",
+    )
     evaluate.add_argument("--set", action="append", metavar="KEY=VALUE", help=_set_help("a model config value"))
     evaluate.add_argument(
         "--progress",

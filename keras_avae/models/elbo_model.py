@@ -184,7 +184,7 @@ class ELBOModel(PresetMixin, keras.Model):
     def log_likelihood(self, x, num_samples=100, chunk_size=None):
         """Importance-sampled marginal log-likelihood `log p(x)` in nats, `(B,)`.
 
-        The deterministic encoder pass runs once per image; see
+        The deterministic encoder pass runs once per pass of samples; see
         `keras_avae.evaluation.importance_sampled_log_likelihood` (which
         also splits batches too large for the free memory).
 
