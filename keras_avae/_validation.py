@@ -108,6 +108,29 @@ def check_positive_int(value, name):
     return int(value)
 
 
+def _is_integer(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def check_image_shape(image_shape):
+    """Raises unless `image_shape` is `(H, W, C)`: three positive ints (NumPy ints too).
+
+    Example:
+
+    >>> check_image_shape([28, 28, np.int64(1)])
+    >>> check_image_shape((8.9, 8, 1))
+    Traceback (most recent call last):
+    ...
+    ValueError: `image_shape` must be (H, W, C), three positive ints. Received: image_shape=(8.9, 8, 1)
+    """
+    if (
+        not isinstance(image_shape, (list, tuple, np.ndarray))
+        or len(image_shape) != 3
+        or not all(_is_integer(s) and s > 0 for s in image_shape)
+    ):
+        raise ValueError(f"`image_shape` must be (H, W, C), three positive ints. Received: image_shape={image_shape!r}")
+
+
 def check_temperature(value, name="temperature"):
     """Returns `value` as a float if it is finite and positive, else raises.
 

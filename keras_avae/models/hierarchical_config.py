@@ -1,5 +1,14 @@
 """The checks of `HierarchicalVAE`'s constructor arguments (each error names the argument)."""
 
+import math
+import numbers
+
+import numpy as np
+
+from keras_avae._validation import MAX_LAYER_SEED
+from keras_avae._validation import check_image_shape
+from keras_avae._validation import is_layer_seed
+
 NONLOCAL_PLACES = ("preprocess", "encoder", "decoder", "merge", "postprocess")
 LIKELIHOODS = ("logistic_mixture", "bernoulli")
 
@@ -39,22 +48,40 @@ CONFIG_KEYS = (
     "nonlocal_feature_seed",
 )
 
+# The switches: a truthy string ("no") would turn them on.
+BOOLEAN_KEYS = (
+    "generative_attention",
+    "inference_attention",
+    "generative_attention_layer_norm",
+    "inference_attention_layer_norm",
+    "reference_edge_bug",
+    "synchronized_batch_norm",
+)
+
 
 def validate_config(args):
     """Raises a `ValueError` naming the first invalid argument of `HierarchicalVAE(**args)`.
 
     Example:
 
-    >>> validate_config({"num_layers": 0})
+    >>> validate_config({"image_shape": (28, 28)})
     Traceback (most recent call last):
     ...
-    ValueError: `num_layers` must be a positive int. Received: num_layers=0
+    ValueError: `image_shape` must be (H, W, C), three positive ints. Received: image_shape=(28, 28)
     """
     def positive_int(name):
         value = args[name]
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
 
+    def number(name, condition, wanted):
+        value = args[name]
+        ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
+        if not (ok and condition(value)):
+            raise ValueError(f"`{name}` must be a finite number {wanted}. Received: {name}={value!r}")
+
+    image_shape = args["image_shape"]
+    check_image_shape(image_shape)
     for name in (
         "num_layers",
         "latent_channels",
@@ -68,9 +95,16 @@ def validate_config(args):
         "num_mixtures",
     ):
         positive_int(name)
-    image_shape = args["image_shape"]
+    for name in ("preprocess_cells", "postprocess_cells"):
+        value = args[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"`{name}` must be a non-negative int. Received: {name}={value!r}")
+    for name in BOOLEAN_KEYS:
+        if not isinstance(args[name], (bool, np.bool_)):
+            # A string such as "no" would switch the feature on.
+            raise ValueError(f"`{name}` must be a bool. Received: {name}={args[name]!r}")
     scale = 2 ** args["num_scales"]
-    if len(image_shape) != 3 or image_shape[0] % scale or image_shape[1] % scale:
+    if image_shape[0] % scale or image_shape[1] % scale:
         raise ValueError(
             f"`image_shape` must be (H, W, C) with H and W divisible by 2**num_scales={scale}. "
             f"Received: image_shape={image_shape}"
@@ -93,13 +127,23 @@ def validate_config(args):
             f"Received: nonlocal_attention={args['nonlocal_attention']!r}"
         )
     for name in ("prior_log_scale_bounds", "posterior_log_scale_bounds"):
-        low, high = args[name]
-        if not low < high:
-            raise ValueError(f"`{name}` must be (low, high) with low < high. Received: {name}={args[name]}")
+        bounds = args[name]
+        ok = (
+            isinstance(bounds, (list, tuple))
+            and len(bounds) == 2
+            and all(isinstance(b, numbers.Real) and not isinstance(b, bool) and math.isfinite(b) for b in bounds)
+        )
+        if not ok or not bounds[0] < bounds[1]:
+            raise ValueError(f"`{name}` must be (low, high) with low < high. Received: {name}={bounds!r}")
+    number("bn_epsilon", lambda v: v > 0, "> 0")  # 0 divides by zero on a constant channel
+    number("bn_momentum", lambda v: 0 <= v <= 1, "in [0, 1]")
+    number("log_scale_noise", lambda v: v >= 0, ">= 0")
+    number("l2", lambda v: v >= 0, ">= 0")
     for name in ("seed", "nonlocal_feature_seed"):
-        value = args[name]
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise ValueError(f"`{name}` must be a non-negative int or None. Received: {name}={value!r}")
+        if not is_layer_seed(args[name]):
+            raise ValueError(
+                f"`{name}` must be None or an int in [0, {MAX_LAYER_SEED}]. Received: {name}={args[name]!r}"
+            )
     crop = args["crop"]
-    if not isinstance(crop, int) or crop < 0 or 2 * crop >= min(image_shape[:2]):
+    if not isinstance(crop, int) or isinstance(crop, bool) or crop < 0 or 2 * crop >= min(image_shape[:2]):
         raise ValueError(f"`crop` must be a non-negative int smaller than half the image. Received: crop={crop!r}")

@@ -168,9 +168,9 @@ class HierarchicalVAE(HierarchicalLayers, HierarchicalInference, ELBOModel):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        image_shape = tuple(int(s) for s in image_shape)
         nonlocal_blocks = tuple(nonlocal_blocks or ())
         validate_config(locals())
+        image_shape = tuple(int(s) for s in image_shape)  # JSON lists and NumPy ints alike
         # === Config ===
         self.image_shape = image_shape
         self.num_layers = num_layers

@@ -23,6 +23,26 @@ def log_px_given_every_code(model, x):
     )
 
 
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        # crop: accepted before, and a crop of half the image scored every image 0 nats.
+        ("crop", -1, "non-negative int smaller than half"),
+        ("crop", 4, "non-negative int smaller than half"),
+        ("crop", True, "non-negative int smaller than half"),
+        # These named `hard`, `filters` or `units` (a Keras layer's argument).
+        ("straight_through", "no", "a bool"),
+        ("image_shape", (8, 8, 0), "three positive ints"),
+        ("image_shape", (0, 0, 1), "three positive ints"),
+        ("l2", -1.0, "finite number >= 0"),
+        ("seed", -2, "None or an int"),
+    ],
+)
+def test_bad_constructor_values_name_their_argument(name, value, message):
+    with pytest.raises(ValueError, match=rf"`{name}` must be .*{message}.*Received: {name}="):
+        DiscreteVAE(**dict(TINY, **{name: value}))
+
+
 class TestDiscreteVAE(TestCase):
     def test_kl_to_uniform_matches_numpy(self):
         model = DiscreteVAE(**TINY)

@@ -252,6 +252,35 @@ class TestHierarchicalVAE(TestCase):
         with pytest.raises(ValueError, match="likelihood"):
             HierarchicalVAE(**dict(TINY, likelihood="gaussian"))
 
+    @pytest.mark.parametrize(
+        "name, value, message",
+        [
+            # Each was accepted (and silently changed or used) or named another argument.
+            ("preprocess_cells", -1, "non-negative int"),
+            ("postprocess_cells", 1.5, "non-negative int"),
+            ("image_shape", (8.9, 8, 1), "three positive ints"),
+            ("image_shape", (0, 8, 1), "three positive ints"),
+            ("image_shape", (8, 8, 0), "three positive ints"),
+            ("image_shape", 8, "three positive ints"),
+            ("generative_attention", "no", "a bool"),
+            ("reference_edge_bug", 1, "a bool"),
+            ("bn_epsilon", -1.0, r"finite number > 0"),
+            ("bn_momentum", 2.0, r"finite number in \[0, 1\]"),
+            ("log_scale_noise", -1.0, "finite number >= 0"),
+            ("l2", float("nan"), "finite number >= 0"),
+            ("crop", True, "non-negative int smaller than half"),
+            ("prior_log_scale_bounds", (1.0,), r"\(low, high\) with low < high"),
+            ("nonlocal_feature_seed", 2**33, r"None or an int in \[0, 2147483646\]"),
+        ],
+    )
+    def test_bad_config_values_name_their_argument(self, name, value, message):
+        with pytest.raises(ValueError, match=rf"`{name}` must be .*{message}.*Received: {name}="):
+            HierarchicalVAE(**dict(TINY, **{name: value}))
+
+    def test_config_takes_numpy_ints_for_the_image_shape(self):
+        model = HierarchicalVAE(**dict(TINY, image_shape=np.array([8, 8, 1])))
+        assert model.image_shape == (8, 8, 1) and all(type(s) is int for s in model.image_shape)
+
     def test_save_and_load_round_trip(self, tmp_path):
         model = HierarchicalVAE(**TINY)
         x = shapes_batch(4)
