@@ -1,9 +1,11 @@
 """What every keras-avae VAE shares: the negative-ELBO loss and its metrics."""
 
+import contextlib
 import functools
 import math
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_avae import host_memory
@@ -22,7 +24,11 @@ class ELBOModel(PresetMixin, keras.Model):
     so a callback can anneal it (KL warm-up). Loss terms leave `call` as
     outputs, so `fit` works on every backend without a custom `train_step`.
     The trackers are ordinary metric attributes, so Keras lists them after
-    its own `loss` tracker and resets them every epoch.
+    its own `loss` tracker and resets them every epoch. `fit(x, x,
+    sample_weight=w)` (one weight per image; any `y`, which the ELBO does
+    not read, since Keras drops `sample_weight` when `y` is `None`) weighs
+    the loss as Keras does, `mean(w * nll) + kl_weight * mean(w * kl)`, and
+    the trackers' means by `w`.
 
     Subclasses call `_build_elbo_state(num_kl_terms)`, set `image_shape`
     and `crop`, and override `pixel_range` when their inputs are not in
@@ -65,6 +71,14 @@ class ELBOModel(PresetMixin, keras.Model):
             self.call(ops.zeros(shape, self.input_dtype), training=False)
         self.built = True
 
+    def fit(self, x=None, y=None, *args, **kwargs):
+        _check_sample_weight(y, kwargs)
+        return super().fit(x, y, *args, **kwargs)
+
+    def evaluate(self, x=None, y=None, *args, **kwargs):
+        _check_sample_weight(y, kwargs)
+        return super().evaluate(x, y, *args, **kwargs)
+
     def make_train_function(self, force=False):
         """Keras' training function, with the optimizer built before it is traced.
 
@@ -87,15 +101,38 @@ class ELBOModel(PresetMixin, keras.Model):
         """
         if getattr(self, "train_function", None) is None or force:
             _keep_freed_host_memory_on_a_cpu()
+        self._build_before_tracing()
         optimizer = getattr(self, "optimizer", None)
-        if self.built and optimizer is not None and not optimizer.built:
-            if keras.backend.backend() == "tensorflow":
-                # The strategy's scope: its variables are mirrored like the model's.
-                with self.distribute_strategy.scope():
-                    optimizer.build(self.trainable_variables)
-            else:
+        if optimizer is not None and not optimizer.built:
+            with self._variable_scope():
                 optimizer.build(self.trainable_variables)
         return super().make_train_function(force=force)
+
+    def make_test_function(self, force=False):
+        self._build_before_tracing()
+        return super().make_test_function(force=force)
+
+    def make_predict_function(self, force=False):
+        self._build_before_tracing()
+        return super().make_predict_function(force=force)
+
+    def _build_before_tracing(self):
+        """Builds an unbuilt model eagerly (its `image_shape` is known).
+
+        Left to Keras, TensorFlow creates the weights inside the first traced
+        step, which XLA refuses (`jit_compile=True`, the default "auto" on a
+        GPU): "We failed to lift variable creations out of this tf.function",
+        and the model stayed unusable.
+        """
+        if not self.built:
+            with self._variable_scope():
+                self.build()
+
+    def _variable_scope(self):
+        """TensorFlow: the strategy's scope (variables mirrored like the model's); else nothing."""
+        if keras.backend.backend() == "tensorflow":
+            return self.distribute_strategy.scope()
+        return contextlib.nullcontext()
 
     @property
     def input_dtype(self):
@@ -129,8 +166,13 @@ class ELBOModel(PresetMixin, keras.Model):
         return ops.convert_to_tensor(check_images(x, self.image_shape, self.pixel_range, name=name))
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        nll = ops.mean(y_pred["nll"])
-        kl = ops.mean(y_pred["kl"])
+        weights = _per_image_weights(sample_weight)
+        per_image_nll, per_image_kl = y_pred["nll"], y_pred["kl"]
+        if weights is not None:
+            # Keras' loss reduction: the mean over the batch of weight x loss.
+            per_image_nll, per_image_kl = weights * per_image_nll, weights * per_image_kl
+        nll = ops.mean(per_image_nll)
+        kl = ops.mean(per_image_kl)
         loss = nll + ops.cast(self.kl_weight, "float32") * kl
         extra = self._added_losses() + self._regularization_losses()
         if extra:
@@ -138,13 +180,14 @@ class ELBOModel(PresetMixin, keras.Model):
         # The trackers take per-image values: a smaller last batch counts
         # for its images, not as much as a full batch (Keras' `loss` tracker
         # weighs batch means by the batch size likewise).
+        # With `sample_weight`, weighted means (Keras' metrics' rule).
         nelbo = y_pred["nll"] + y_pred["kl"]
-        self.nelbo_tracker.update_state(nelbo)
-        self.reconstruction_tracker.update_state(y_pred["nll"])
-        self.kl_tracker.update_state(y_pred["kl"])
-        self.bits_per_dim_tracker.update_state(nelbo / (self.num_data_dims * math.log(2.0)))
+        self.nelbo_tracker.update_state(nelbo, sample_weight=weights)
+        self.reconstruction_tracker.update_state(y_pred["nll"], sample_weight=weights)
+        self.kl_tracker.update_state(y_pred["kl"], sample_weight=weights)
+        self.bits_per_dim_tracker.update_state(nelbo / (self.num_data_dims * math.log(2.0)), sample_weight=weights)
         for i, tracker in enumerate(self.layer_kl_trackers):
-            tracker.update_state(y_pred["kl_per_layer"][:, i])
+            tracker.update_state(y_pred["kl_per_layer"][:, i], sample_weight=weights)
         return _scale_loss_for_distribution(loss)
 
     def _added_losses(self):
@@ -202,6 +245,31 @@ class ELBOModel(PresetMixin, keras.Model):
         """
         # It checks `x` (the same message) before any pass runs.
         return importance_sampled_log_likelihood(self, x, num_samples=num_samples, chunk_size=chunk_size)
+
+
+def _check_sample_weight(y, kwargs):
+    """Refuses `sample_weight` that Keras would drop (no `y`) or that is not one weight per image."""
+    sample_weight = kwargs.get("sample_weight")
+    if sample_weight is None:
+        return
+    if y is None:
+        raise ValueError(
+            "`sample_weight` needs a `y` to reach the loss (Keras drops it when `y` is None); the ELBO does not "
+            "read `y`, so pass the images again: `fit(x, x, sample_weight=w)`. Received: y=None"
+        )
+    shape = np.shape(sample_weight)
+    if len(shape) > 1 and any(size != 1 for size in shape[1:]):
+        raise ValueError(
+            "`sample_weight` must hold one weight per image, shape (B,) or (B, 1): the ELBO is a sum over the "
+            f"pixels and latents of each image. Received: sample_weight with shape {shape}"
+        )
+
+
+def _per_image_weights(sample_weight):
+    """`sample_weight` as float32 `(B,)` (checked by `fit`/`evaluate`), or `None`."""
+    if sample_weight is None:
+        return None
+    return ops.reshape(ops.cast(sample_weight, "float32"), (-1,))
 
 
 def _sum_of_squares(values):

@@ -41,7 +41,8 @@ class HierarchicalInference:
                 return probs
             uniform = keras.random.uniform(ops.shape(probs), seed=self.seed_generator)
             return ops.cast(uniform < probs, "float32")
-        return params.mean() if mode == "mean" else params.sample(seed=self.seed_generator)
+        values = params.mean() if mode == "mean" else params.sample(seed=self.seed_generator)
+        return ops.cast(values, "float32")  # under a mixed policy too, as the docstrings say
 
     def encode(self, x, sample=False):
         """The posterior latents of images `x`.

@@ -2,8 +2,10 @@
 
 import keras
 import numpy as np
+import pytest
 from keras import ops
 
+from keras_avae import evaluation
 from keras_avae.models.hierarchical_vae import HierarchicalVAE
 from tests.models.test_hierarchical_vae import TINY
 from tests.models.test_hierarchical_vae import shapes_batch
@@ -122,3 +124,43 @@ def test_metrics_weigh_each_image_alike_whatever_the_batches():
     np.testing.assert_allclose(logs["reconstruction"] + logs["kl"], logs["nelbo"], rtol=1e-5)
     layer_kls = [logs[f"kl_{i}"] for i in range(len(model.layer_kl_trackers))]
     np.testing.assert_allclose(sum(layer_kls), logs["kl"], rtol=1e-4)
+
+
+def test_sample_weight_weighs_loss_and_metrics_per_image():
+    # `sample_weight` was ignored: every weighting gave the same loss.
+    model = HierarchicalVAE(**dict(TINY, l2=0.0, seed=3))
+    model.build()  # building draws once: before the reseeds
+    model.compile(optimizer="adam", jit_compile=False)
+    x = (np.random.default_rng(0).random((4, *TINY["image_shape"])) > 0.5).astype("float32")
+    x[-1] = 1.0
+
+    def scored(weights):
+        evaluation._reseed(model, 3, 0)  # the same draws for every weighting
+        return model.evaluate(x, x, sample_weight=weights, batch_size=4, verbose=0, return_dict=True)
+
+    plain = scored(None)
+    nelbo = [scored(np.eye(4, dtype="float32")[i])["nelbo"] for i in range(4)]
+    # One image weighted alone: the metric is that image's NELBO; their mean is the unweighted one.
+    np.testing.assert_allclose(np.mean(nelbo), plain["nelbo"], rtol=1e-5)
+    assert np.ptp(nelbo) > 1.0
+    # The loss is Keras' reduction, mean(w * nelbo): a quarter of the image's NELBO here.
+    np.testing.assert_allclose(scored(np.eye(4, dtype="float32")[0])["loss"], nelbo[0] / 4, rtol=1e-5)
+    np.testing.assert_allclose(scored(np.zeros(4, "float32"))["loss"], 0.0, atol=1e-6)
+    with pytest.raises(ValueError, match=r"one weight per image.*Received: sample_weight with shape \(4, 2\)"):
+        scored(np.ones((4, 2), "float32"))
+    # Without `y` Keras would drop the weights unseen.
+    pattern = r"`sample_weight` needs a `y`.*fit\(x, x, sample_weight=w\).*Received: y=None"
+    with pytest.raises(ValueError, match=pattern):
+        model.fit(x, sample_weight=np.ones(4, "float32"), verbose=0)
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="jit_compile=True is torch.compile there, not a traced-step XLA")
+def test_an_unbuilt_model_trains_with_jit_compile():
+    # TensorFlow built an unbuilt model inside the first traced step, which
+    # XLA refused ("failed to lift variable creations"); the model was then unusable.
+    model = HierarchicalVAE(**dict(TINY, seed=3))
+    model.compile(optimizer="adam", jit_compile=True)
+    x = (np.random.default_rng(0).random((4, *TINY["image_shape"])) > 0.5).astype("float32")
+    history = model.fit(x, batch_size=2, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][-1])
+    assert np.isfinite(model.evaluate(x, batch_size=2, verbose=0, return_dict=True)["nelbo"])

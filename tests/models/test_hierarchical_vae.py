@@ -320,6 +320,9 @@ class TestHierarchicalVAE(TestCase):
         assert keras.backend.standardize_dtype(scored[-1].dtype) == "float32"
         np.testing.assert_array_equal(to_numpy(scored[-1]), x)
         self.assertAllFinite(out)
+        # The inference methods return float32 arrays under the policy too (they were bfloat16).
+        for images in (model.sample(2), model.reconstruct(x), model.interpolate(x, x, steps=2)):
+            assert images.dtype == np.float32, images.dtype
 
 
 class TestInferenceInputs(TestCase):
