@@ -79,6 +79,11 @@ class ELBOModel(PresetMixin, keras.Model):
         _check_sample_weight(y, kwargs)
         return super().evaluate(x, y, *args, **kwargs)
 
+    def load_weights(self, filepath, *args, **kwargs):
+        """`keras.Model.load_weights`, building an unbuilt model first (its `image_shape` is known)."""
+        self._build_before_tracing()
+        return super().load_weights(filepath, *args, **kwargs)
+
     def make_train_function(self, force=False):
         """Keras' training function, with the optimizer built before it is traced.
 

@@ -164,3 +164,14 @@ def test_an_unbuilt_model_trains_with_jit_compile():
     history = model.fit(x, batch_size=2, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][-1])
     assert np.isfinite(model.evaluate(x, batch_size=2, verbose=0, return_dict=True)["nelbo"])
+
+
+def test_load_weights_builds_an_unbuilt_model(tmp_path):
+    source = HierarchicalVAE(**dict(TINY, seed=3))
+    source.build()
+    path = str(tmp_path / "tiny.weights.h5")
+    source.save_weights(path)
+    target = HierarchicalVAE(**dict(TINY, seed=3))  # Keras asked to call build() first
+    target.load_weights(path)
+    for a, b in zip(source.weights, target.weights):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
