@@ -38,7 +38,7 @@ def _cmd_evaluate(args):
         "limit": args.limit,
         "batch_size": args.batch_size,
         # Only when given: progress files written before --every existed stay resumable.
-        **({"every": args.every} if args.every and args.every > 1 else {}),  # --every 1 is every image
+        **({"every": args.every} if args.every else {}),
         # Each backend draws its own samples. Only when not TensorFlow: the
         # files written before the backend was recorded (TensorFlow) resume.
         **({"backend": backend} if backend != "tensorflow" else {}),
