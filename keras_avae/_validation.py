@@ -103,13 +103,68 @@ def check_positive_int(value, name):
     ...
     ValueError: `num_samples` must be a positive int. Received: num_samples=0
     """
-    if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)) or value < 1:
+    if not _is_integer(value) or value < 1:
         raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
     return int(value)
 
 
 def _is_integer(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def check_bool(value, name):
+    """Raises unless `value` is a Python bool (a truthy string such as "no" would switch a feature on).
+
+    Example:
+
+    >>> check_bool("no", "generative_attention")
+    Traceback (most recent call last):
+    ...
+    ValueError: `generative_attention` must be a bool. Received: generative_attention='no'
+    """
+    if not isinstance(value, bool):
+        raise ValueError(f"`{name}` must be a bool. Received: {name}={value!r}")
+
+
+def check_finite_number(value, name, condition, wanted):
+    """Raises unless `value` is a finite real number (NumPy's too, not a bool) for which `condition` holds.
+
+    Example:
+
+    >>> check_finite_number(0.9, "bn_momentum", lambda v: 0 <= v <= 1, "in [0, 1]")
+    >>> check_finite_number(10**400, "l2", lambda v: v >= 0, ">= 0")
+    Traceback (most recent call last):
+    ...
+    ValueError: `l2` must be a finite number >= 0. Received: l2=1000...
+    """
+    if not (is_finite_real(value) and condition(value)):
+        raise ValueError(f"`{name}` must be a finite number {wanted}. Received: {name}={value!r}")
+
+
+def is_finite_real(value):
+    """Whether `value` is a finite real number, NumPy's included (not a bool; an int too large for a float is not).
+
+    >>> is_finite_real(np.float32(0.5)), is_finite_real(True), is_finite_real(10**400)
+    (True, False, False)
+    """
+    try:
+        return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def check_crop(crop, image_shape):
+    """Raises unless `crop` leaves pixels to score: an int in `[0, min(H, W) / 2)`.
+
+    Example:
+
+    >>> check_crop(14, (28, 28, 1))
+    Traceback (most recent call last):
+    ...
+    ValueError: `crop` must be a non-negative int smaller than half the image. Received: crop=14
+    """
+    if not is_int(crop) or crop < 0 or 2 * crop >= min(image_shape[:2]):
+        raise ValueError(f"`crop` must be a non-negative int smaller than half the image. Received: crop={crop!r}")
 
 
 def check_image_shape(image_shape):
@@ -125,6 +180,7 @@ def check_image_shape(image_shape):
     """
     if (
         not isinstance(image_shape, (list, tuple, np.ndarray))
+        or np.ndim(image_shape) != 1
         or len(image_shape) != 3
         or not all(_is_integer(s) and s > 0 for s in image_shape)
     ):
@@ -203,3 +259,17 @@ def is_layer_seed(seed):
     (True, True, False)
     """
     return seed is None or (is_int(seed) and 0 <= seed <= MAX_LAYER_SEED)
+
+
+def check_layer_seed(seed, name="seed"):
+    """Raises unless `seed` is `None` or an int in `[0, MAX_LAYER_SEED]` (see `is_layer_seed`).
+
+    Example:
+
+    >>> check_layer_seed(-1, "nonlocal_feature_seed")
+    Traceback (most recent call last):
+    ...
+    ValueError: `nonlocal_feature_seed` must be None or an int in [0, 2147483646]. Received: nonlocal_feature_seed=-1
+    """
+    if not is_layer_seed(seed):
+        raise ValueError(f"`{name}` must be None or an int in [0, {MAX_LAYER_SEED}]. Received: {name}={seed!r}")

@@ -394,9 +394,10 @@ def _run_plan(model, plans, unchecked, batch, num_samples, chunk_size, progress_
     The passes decide the draws, and the memory they are planned from
     changes during a run and between a stop and its resume: so a run plans
     each batch size once (`plans`, which the progress file keeps) and keeps
-    the plan. A plan read from the file (`unchecked`) must fit in this
-    process's memory; else a `ValueError`, since another plan would draw
-    other samples than the uninterrupted run.
+    the plan. A plan read from the file (`unchecked`) must fit in the
+    memory available to this process (all of it, not the half a new plan
+    keeps free); else a `ValueError`, since another plan would draw other
+    samples than the uninterrupted run.
     """
     key = str(batch)
     if key not in plans:
@@ -404,11 +405,14 @@ def _run_plan(model, plans, unchecked, batch, num_samples, chunk_size, progress_
     elif key in unchecked:
         unchecked.discard(key)
         chunk, images, elbo_images = plans[key]
-        max_rows = _max_rows_per_pass(model)
-        if max(chunk * images, elbo_images) > max_rows:
+        # A new plan keeps half the memory free (`_MEMORY_SAFETY`); the file's
+        # plan is kept as long as it fits at all: free memory varies.
+        available, _ = _memory_budget(model)
+        rows = math.inf if available is None else int(available // _bytes_per_row(model))
+        if max(chunk * images, elbo_images) > rows:
             raise ValueError(
                 f"`progress_path={progress_path!r}` scored batches of {batch} images in passes of {chunk} samples "
-                f"x {images} images, but only {max_rows} image-samples fit in the memory available now: smaller "
+                f"x {images} images, but only {rows} image-samples fit in the memory available now: smaller "
                 "passes would draw other samples than an uninterrupted run. Free memory, or delete the file "
                 "(or use another) to score again in passes that fit."
             )
@@ -502,6 +506,10 @@ def _load_progress(path):
 
 def _read_progress(path, identity):
     saved, state = _load_progress(path)
+    if not state["plans"] and "chunk_size" not in saved:
+        # Written before the chunk size and the plans were recorded: resumed
+        # as before, with the chunk size it is given.
+        identity = {key: value for key, value in identity.items() if key != "chunk_size"}
     if saved != identity:
         changed = sorted(k for k in set(saved) | set(identity) if saved.get(k) != identity.get(k))
         detail = ", ".join(f"{k}: file {saved.get(k)!r}, this run {identity.get(k)!r}" for k in changed)

@@ -438,14 +438,31 @@ def test_a_resume_whose_passes_no_longer_fit_is_refused(model, monkeypatch, tmp_
     budget(model, 10**6, monkeypatch)
     with pytest.raises(Interrupted):
         evaluation.score_batches(model, cut_after(BATCHES, 1), num_samples=4, seed=2, progress_path=path)
+    # 12 rows fit in all the memory (`memory_for` plans with half of it): the file's plan of 12 is kept.
     memory_for(model, 6, monkeypatch)
-    pattern = r"scored batches of 3 images in passes of 4 samples x 3 images, but only 6 image-samples fit"
+    evaluation.score_batches(model, BATCHES[:1], num_samples=4, seed=2, progress_path=path)
+    memory_for(model, 5, monkeypatch)
+    pattern = r"scored batches of 3 images in passes of 4 samples x 3 images, but only 10 image-samples fit"
     with pytest.raises(ValueError, match=pattern):
         evaluation.score_batches(model, BATCHES, num_samples=4, seed=2, progress_path=path)
     # Another chunk_size is another evaluation.
     memory_for(model, 10**6, monkeypatch)
     with pytest.raises(ValueError, match=r"chunk_size: file None, this run 2"):
         evaluation.score_batches(model, BATCHES, num_samples=4, seed=2, progress_path=path, chunk_size=2)
+
+
+def test_a_file_written_before_the_plans_resumes_with_its_chunk_size(model, tmp_path):
+    path = str(tmp_path / "progress.npz")
+    uninterrupted = evaluation.score_batches(model, BATCHES, num_samples=4, seed=2, chunk_size=3)
+    with pytest.raises(Interrupted):
+        evaluation.score_batches(model, cut_after(BATCHES, 1), num_samples=4, seed=2, progress_path=path, chunk_size=3)
+    # The format before: no plans, no chunk size in the identity.
+    identity, state = evaluation._load_progress(path)
+    del identity["chunk_size"]
+    evaluation._write_progress(path, identity, dict(state, plans={}))
+    resumed = evaluation.score_batches(model, BATCHES, num_samples=4, seed=2, progress_path=path, chunk_size=3)
+    assert resumed["resumed_images"] == 3
+    np.testing.assert_array_equal(resumed["log_px"], uninterrupted["log_px"])
 
 
 def test_non_finite_scores_raise_and_save_nothing(model, tmp_path):

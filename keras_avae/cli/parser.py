@@ -141,7 +141,8 @@ def _add_evaluate_parser(commands, backend):
         "--chunk-size",
         type=_positive(int),
         help="the most importance samples per top-down pass (default: as many as fit, up to 1024 image-samples "
-        "a pass); the passes decide the draws, so the same value gives the same numbers on any machine",
+        "a pass); the passes decide the draws, so the same value gives the same numbers on any machine where "
+        "--batch-size x --chunk-size image-samples fit in memory",
     )
     evaluate.add_argument("--set", action="append", metavar="KEY=VALUE", help=_set_help("a model config value"))
     evaluate.add_argument(

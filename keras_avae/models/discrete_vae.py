@@ -3,15 +3,15 @@
 import math
 
 import keras
-import numpy as np
 from keras import ops
 
-from keras_avae._validation import MAX_LAYER_SEED
+from keras_avae._validation import check_bool
+from keras_avae._validation import check_crop
+from keras_avae._validation import check_finite_number
 from keras_avae._validation import check_image_shape
+from keras_avae._validation import check_layer_seed
 from keras_avae._validation import check_positive_int
 from keras_avae._validation import check_temperature
-from keras_avae._validation import is_finite_number
-from keras_avae._validation import is_layer_seed
 from keras_avae._validation import to_numpy
 from keras_avae.distributions.bernoulli import bernoulli_log_prob
 from keras_avae.distributions.tfp import has_tfp
@@ -99,15 +99,10 @@ class DiscreteVAE(ELBOModel):
         if len(image_shape) != 3 or image_shape[0] % 4 or image_shape[1] % 4:
             raise ValueError(f"`image_shape` must be (H, W, C) with H, W divisible by 4. Received: image_shape={image_shape}")
         check_temperature(temperature)
-        if not isinstance(straight_through, (bool, np.bool_)):
-            raise ValueError(f"`straight_through` must be a bool. Received: straight_through={straight_through!r}")
-        if not isinstance(crop, int) or isinstance(crop, bool) or crop < 0 or 2 * crop >= min(image_shape[:2]):
-            # A crop of half the image or more leaves no pixel to score (the likelihood was 0).
-            raise ValueError(f"`crop` must be a non-negative int smaller than half the image. Received: crop={crop!r}")
-        if not is_finite_number(l2) or l2 < 0:
-            raise ValueError(f"`l2` must be a finite number >= 0. Received: l2={l2!r}")
-        if not is_layer_seed(seed):
-            raise ValueError(f"`seed` must be None or an int in [0, {MAX_LAYER_SEED}]. Received: seed={seed!r}")
+        check_bool(straight_through, "straight_through")
+        check_crop(crop, image_shape)  # half the image or more left no pixel to score (the likelihood was 0)
+        check_finite_number(l2, "l2", lambda v: v >= 0, ">= 0")
+        check_layer_seed(seed)
         # === Config ===
         self.image_shape = image_shape
         self.num_latents = num_latents

@@ -2,6 +2,7 @@
 
 import contextlib
 import functools
+import inspect
 import math
 
 import keras
@@ -72,11 +73,11 @@ class ELBOModel(PresetMixin, keras.Model):
         self.built = True
 
     def fit(self, x=None, y=None, *args, **kwargs):
-        _check_sample_weight(y, kwargs)
+        _check_sample_weight(keras.Model.fit, self, x, y, args, kwargs)
         return super().fit(x, y, *args, **kwargs)
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
-        _check_sample_weight(y, kwargs)
+        _check_sample_weight(keras.Model.evaluate, self, x, y, args, kwargs)
         return super().evaluate(x, y, *args, **kwargs)
 
     def load_weights(self, filepath, *args, **kwargs):
@@ -252,9 +253,13 @@ class ELBOModel(PresetMixin, keras.Model):
         return importance_sampled_log_likelihood(self, x, num_samples=num_samples, chunk_size=chunk_size)
 
 
-def _check_sample_weight(y, kwargs):
-    """Refuses `sample_weight` that Keras would drop (no `y`) or that is not one weight per image."""
-    sample_weight = kwargs.get("sample_weight")
+def _check_sample_weight(method, model, x, y, args, kwargs):
+    """Refuses `sample_weight` that Keras would drop (no `y`) or that is not one weight per image.
+
+    `method` is the Keras method called: its signature finds a `sample_weight` given by position too.
+    """
+    bound = inspect.signature(method).bind_partial(model, x, y, *args, **kwargs)
+    sample_weight = bound.arguments.get("sample_weight")
     if sample_weight is None:
         return
     if y is None:

@@ -1,13 +1,11 @@
 """The checks of `HierarchicalVAE`'s constructor arguments (each error names the argument)."""
 
-import math
-import numbers
-
-import numpy as np
-
-from keras_avae._validation import MAX_LAYER_SEED
+from keras_avae._validation import check_bool
+from keras_avae._validation import check_crop
+from keras_avae._validation import check_finite_number
 from keras_avae._validation import check_image_shape
-from keras_avae._validation import is_layer_seed
+from keras_avae._validation import check_layer_seed
+from keras_avae._validation import is_finite_real
 
 NONLOCAL_PLACES = ("preprocess", "encoder", "decoder", "merge", "postprocess")
 LIKELIHOODS = ("logistic_mixture", "bernoulli")
@@ -74,12 +72,6 @@ def validate_config(args):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
 
-    def number(name, condition, wanted):
-        value = args[name]
-        ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
-        if not (ok and condition(value)):
-            raise ValueError(f"`{name}` must be a finite number {wanted}. Received: {name}={value!r}")
-
     image_shape = args["image_shape"]
     check_image_shape(image_shape)
     for name in (
@@ -100,9 +92,7 @@ def validate_config(args):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"`{name}` must be a non-negative int. Received: {name}={value!r}")
     for name in BOOLEAN_KEYS:
-        if not isinstance(args[name], (bool, np.bool_)):
-            # A string such as "no" would switch the feature on.
-            raise ValueError(f"`{name}` must be a bool. Received: {name}={args[name]!r}")
+        check_bool(args[name], name)
     scale = 2 ** args["num_scales"]
     if image_shape[0] % scale or image_shape[1] % scale:
         raise ValueError(
@@ -128,22 +118,14 @@ def validate_config(args):
         )
     for name in ("prior_log_scale_bounds", "posterior_log_scale_bounds"):
         bounds = args[name]
-        ok = (
-            isinstance(bounds, (list, tuple))
-            and len(bounds) == 2
-            and all(isinstance(b, numbers.Real) and not isinstance(b, bool) and math.isfinite(b) for b in bounds)
-        )
-        if not ok or not bounds[0] < bounds[1]:
+        pair = isinstance(bounds, (list, tuple)) and len(bounds) == 2 and all(map(is_finite_real, bounds))
+        if not pair or not bounds[0] < bounds[1]:
             raise ValueError(f"`{name}` must be (low, high) with low < high. Received: {name}={bounds!r}")
-    number("bn_epsilon", lambda v: v > 0, "> 0")  # 0 divides by zero on a constant channel
-    number("bn_momentum", lambda v: 0 <= v <= 1, "in [0, 1]")
-    number("log_scale_noise", lambda v: v >= 0, ">= 0")
-    number("l2", lambda v: v >= 0, ">= 0")
+    # bn_epsilon 0 divides by zero on a constant channel.
+    check_finite_number(args["bn_epsilon"], "bn_epsilon", lambda v: v > 0, "> 0")
+    check_finite_number(args["bn_momentum"], "bn_momentum", lambda v: 0 <= v <= 1, "in [0, 1]")
+    check_finite_number(args["log_scale_noise"], "log_scale_noise", lambda v: v >= 0, ">= 0")
+    check_finite_number(args["l2"], "l2", lambda v: v >= 0, ">= 0")
     for name in ("seed", "nonlocal_feature_seed"):
-        if not is_layer_seed(args[name]):
-            raise ValueError(
-                f"`{name}` must be None or an int in [0, {MAX_LAYER_SEED}]. Received: {name}={args[name]!r}"
-            )
-    crop = args["crop"]
-    if not isinstance(crop, int) or isinstance(crop, bool) or crop < 0 or 2 * crop >= min(image_shape[:2]):
-        raise ValueError(f"`crop` must be a non-negative int smaller than half the image. Received: crop={crop!r}")
+        check_layer_seed(args[name], name)
+    check_crop(args["crop"], image_shape)

@@ -32,6 +32,7 @@ def log_px_given_every_code(model, x):
         ("crop", True, "non-negative int smaller than half"),
         # These named `hard`, `filters` or `units` (a Keras layer's argument).
         ("straight_through", "no", "a bool"),
+        ("straight_through", np.True_, "a bool"),
         ("image_shape", (8, 8, 0), "three positive ints"),
         ("image_shape", (0, 0, 1), "three positive ints"),
         ("l2", -1.0, "finite number >= 0"),

@@ -152,6 +152,8 @@ def test_sample_weight_weighs_loss_and_metrics_per_image():
     pattern = r"`sample_weight` needs a `y`.*fit\(x, x, sample_weight=w\).*Received: y=None"
     with pytest.raises(ValueError, match=pattern):
         model.fit(x, sample_weight=np.ones(4, "float32"), verbose=0)
+    with pytest.raises(ValueError, match=pattern):  # `evaluate(x, y, batch_size, verbose, sample_weight)`
+        model.evaluate(x, None, 4, 0, np.ones(4, "float32"))
 
 
 @pytest.mark.skipif(BACKEND == "torch", reason="jit_compile=True is torch.compile there, not a traced-step XLA")

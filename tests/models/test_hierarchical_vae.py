@@ -264,6 +264,8 @@ class TestHierarchicalVAE(TestCase):
             ("image_shape", 8, "three positive ints"),
             ("generative_attention", "no", "a bool"),
             ("reference_edge_bug", 1, "a bool"),
+            ("generative_attention_layer_norm", np.True_, "a bool"),  # a layer refused it as `normalize_output`
+            ("bn_momentum", 10**400, r"finite number in \[0, 1\]"),  # OverflowError before
             ("bn_epsilon", -1.0, r"finite number > 0"),
             ("bn_momentum", 2.0, r"finite number in \[0, 1\]"),
             ("log_scale_noise", -1.0, "finite number >= 0"),
