@@ -30,6 +30,7 @@ import keras_tuner
 from keras_avae import training
 from keras_avae import zoo
 from keras_avae._validation import check_positive_int
+from keras_avae.training.optimizers import check_guard_policy
 
 OBJECTIVE = keras_tuner.Objective("val_nelbo", direction="min")
 
@@ -177,6 +178,7 @@ class VAEHyperModel(keras_tuner.HyperModel):
         keras.utils.set_random_seed(self.seed)
         model = zoo.load(self.entry, weights=None, seed=self.seed, **self._config(hp))
         recipe = self._recipe(hp)
+        check_guard_policy(model)
         model.compile(
             optimizer=training.make_optimizer(recipe, self.steps_per_epoch, recipe["epochs"]),
             jit_compile=self.jit_compile,

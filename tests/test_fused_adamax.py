@@ -170,3 +170,17 @@ def test_float64_weights():
     assert fused[0].dtype == np.float64
     for a, b in zip(fused, reference):
         np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_bfloat16_weights():
+    """TensorFlow's fused kernel has no bfloat16 version (the step failed): Keras' update there."""
+
+    def layers():
+        return [keras.Input((3,)), keras.layers.Dense(2, dtype="bfloat16")]
+
+    rng = np.random.default_rng(3)
+    batches = [(rng.normal(size=(4, 3)).astype("float32"), rng.normal(size=(4, 2)).astype("float32")) for _ in range(3)]
+    fused = _weights_after_steps(training.FusedAdamax(1e-2), layers, batches)
+    reference = _weights_after_steps(keras.optimizers.Adamax(1e-2), layers, batches)
+    for a, b in zip(fused, reference):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))

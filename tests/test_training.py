@@ -886,9 +886,34 @@ def test_bad_recipe_value_is_refused_before_the_run_is_recorded(tmp_path):
         ({"augmentation": ["vertical_flip"]}, r"augmentation=\['vertical_flip'\]"),
         ({"batch_size_per_replica": 0}, r"batch_size_per_replica=0"),
         ({"replicas": 7}, r"replicas=7"),
+        # Accepted before (beta_1=1 wrote NaN weights from finite gradients) or refused under another
+        # name (`warmup_epochs`, `peak_learning_rate`) or with a TypeError.
+        ({"beta_1": 1.0}, r"`beta_1` must be a finite number in \[0, 1\).*beta_1=1.0"),
+        ({"beta_2": 1.5}, r"beta_2=1.5"),
+        ({"epsilon": -1e-3}, r"`epsilon` must be a finite number > 0.*epsilon=-0.001"),
+        ({"kl_warmup_epochs": 2.5}, r"`kl_warmup_epochs` must be a non-negative int.*kl_warmup_epochs=2.5"),
+        ({"learning_rate": -1.0}, r"`learning_rate` must be a finite number > 0.*learning_rate=-1.0"),
+        ({"warmup_epochs": float("nan")}, r"`warmup_epochs` must be a finite number >= 0.*warmup_epochs=nan"),
+        ({"warmup_epochs": "5"}, r"warmup_epochs='5'"),
+        ({"kl_min": None}, r"`kl_min` must be a finite number in \[0, 1\].*kl_min=None"),
+        ({"restart_epochs": 0}, r"`restart_epochs` must be a finite number > 0 \(or None\).*restart_epochs=0"),
+        ({"global_clipnorm": "1.0"}, r"global_clipnorm='1.0'"),
     ):
         with pytest.raises(ValueError, match=match):
             training.resolve_recipe("cifar10-baseline-small", **bad)
+    # NumPy numbers are numbers.
+    recipe = training.resolve_recipe("mnist-baseline", learning_rate=np.float32(1e-3))
+    assert training.make_schedule(recipe, 10).peak_learning_rate == pytest.approx(1e-3)
+
+
+def test_mixed_float16_is_refused_for_guarded_training(tmp_path):
+    # Keras' loss scaling took the non-finite steps before the guard (none
+    # counted, NaN batch-norm statistics kept); on JAX the first step failed.
+    x = np.zeros((16, 8, 8, 1), "float32")
+    overrides = dict(TINY, dtype="mixed_float16")
+    with pytest.raises(ValueError, match=r"cannot use the 'mixed_float16' policy.*'mixed_bfloat16'"):
+        training.train("mnist-baseline", x, tmp_path, epochs=1, batch_size=8, config_overrides=overrides, verbose=0)
+    assert not (tmp_path / "run.json").exists()
 
 
 def test_final_files_older_than_the_checkpoint_are_written_again(tmp_path, monkeypatch):

@@ -5,6 +5,10 @@ import keras
 BACKEND = keras.backend.backend()
 
 
+# The weight dtypes TensorFlow's `ResourceApplyAdaMax` has kernels for.
+_KERNEL_DTYPES = ("float16", "float32", "float64")
+
+
 @keras.saving.register_keras_serializable(package="keras_avae")
 class FusedAdamax(keras.optimizers.Adamax):
     """`keras.optimizers.Adamax` with TensorFlow's fused `ApplyAdaMax` update and flat PyTorch buffers.
@@ -73,10 +77,14 @@ class FusedAdamax(keras.optimizers.Adamax):
             return super().update_step(gradient, variable, learning_rate)
         import tensorflow as tf
 
+        dtype = variable.dtype
+        if dtype not in _KERNEL_DTYPES:
+            # The kernel has no bfloat16 version: Keras' own update for such weights.
+            lr = learning_rate["lr"] if isinstance(learning_rate, dict) else learning_rate
+            return super().update_step(gradient, variable, lr)
         if isinstance(gradient, tf.IndexedSlices):
             # The fused kernel takes dense gradients (Keras' update densifies too).
             gradient = tf.convert_to_tensor(gradient)
-        dtype = variable.dtype
         scalars = learning_rate if isinstance(learning_rate, dict) else self._kernel_scalars(learning_rate, dtype)
         if scalars["lr"].dtype != dtype:
             scalars = {key: tf.cast(value, dtype) for key, value in scalars.items()}

@@ -67,6 +67,31 @@ def make_optimizer(recipe, steps_per_epoch, epochs=None, guard=True):
 
 
 
+def check_guard_policy(model):
+    """Refuses to guard a model whose dtype policy is `"mixed_float16"`.
+
+    Keras' `compile` wraps such a model's optimizer in a
+    `LossScaleOptimizer`, which skips non-finite steps itself, before the
+    guard sees them: nothing is counted, batch-norm statistics made NaN by
+    the forward pass are not put back, and training never stops (on JAX the
+    first step failed). `"mixed_bfloat16"` has float32's range and needs no
+    loss scaling.
+
+    Example:
+
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, dtype="mixed_bfloat16")])
+    >>> check_guard_policy(model)
+    """
+    policy = model.dtype_policy.name
+    if policy == "mixed_float16":
+        raise ValueError(
+            "Training with the NaN guard (`NonFiniteGuard`, as `train` and the tuner do) cannot use the "
+            "'mixed_float16' policy: Keras' loss scaling skips non-finite steps before the guard sees them "
+            "(none counted, NaN batch-norm statistics kept). Use 'mixed_bfloat16' (float32's range, no loss "
+            f"scaling) or 'float32'. Received: dtype policy {policy!r}"
+        )
+
+
 @keras.saving.register_keras_serializable(package="keras_avae")
 class NonFiniteGuard(keras.optimizers.Optimizer):
     """Skips optimizer steps whose gradients are not all finite, and counts them.
@@ -87,7 +112,9 @@ class NonFiniteGuard(keras.optimizers.Optimizer):
     float16 overflow): `ops.cond` around the inner `apply`, a stateless path
     for JAX, and under `tf.distribute` the decision is taken on the gradients
     of all replicas together (an all-reduce of the per-replica flags), so
-    every replica skips or applies the same step.
+    every replica skips or applies the same step. Under `"mixed_float16"`,
+    `compile` puts a `LossScaleOptimizer` around it, which hides the bad
+    steps from it: see `check_guard_policy`.
 
     Args:
         inner_optimizer: the `keras.optimizers.Optimizer` to guard.

@@ -8,6 +8,8 @@
 import numpy as np
 
 from keras_avae import zoo
+from keras_avae._validation import check_finite_number
+from keras_avae._validation import is_int
 
 
 #: The paper's recipe, used when `train` gets a model object rather than a zoo name.
@@ -98,7 +100,38 @@ def resolve_recipe(name=None, **overrides):
     recipe.update(overrides)
     _check_augmentation(recipe.get("augmentation", []))
     _positive_int("batch_size_per_replica", recipe["batch_size_per_replica"])
+    _check_numbers(recipe)
     return recipe
+
+
+# The recipe's numbers: (condition, what it asks, whether None is allowed).
+# Before, `beta_1=1.0` wrote NaN weights unseen (the gradients were finite),
+# and several keys were refused under another name or with a TypeError.
+_NUMBER_RULES = {
+    "learning_rate": (lambda v: v > 0, "> 0", False),
+    "initial_learning_rate": (lambda v: v >= 0, ">= 0", True),
+    "min_learning_rate": (lambda v: v >= 0, ">= 0", True),
+    "beta_1": (lambda v: 0 <= v < 1, "in [0, 1)", True),
+    "beta_2": (lambda v: 0 <= v < 1, "in [0, 1)", True),
+    "epsilon": (lambda v: v > 0, "> 0", True),  # 0: a zero gradient divides 0 by 0
+    "warmup_epochs": (lambda v: v >= 0, ">= 0", True),
+    "restart_epochs": (lambda v: v > 0, "> 0", True),
+    "kl_min": (lambda v: 0 <= v <= 1, "in [0, 1]", False),
+    "global_clipnorm": (lambda v: v > 0, "> 0", True),
+}
+
+
+def _check_numbers(recipe):
+    """Refuses a recipe number out of its range, naming the recipe key."""
+    for key, (condition, wanted, optional) in _NUMBER_RULES.items():
+        if key not in recipe or (optional and recipe[key] is None):
+            continue
+        check_finite_number(recipe[key], key, condition, wanted + (" (or None)" if optional else ""))
+    kl_warmup = recipe.get("kl_warmup_epochs")
+    if kl_warmup is not None and (not is_int(kl_warmup) or kl_warmup < 0):
+        raise ValueError(
+            f"`kl_warmup_epochs` must be a non-negative int (or None). Received: kl_warmup_epochs={kl_warmup!r}"
+        )
 
 
 def _check_augmentation(augmentation):

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_avae._validation import is_finite_real
 from keras_avae.training.recipes import _positive_int
 
 
@@ -70,7 +71,7 @@ class WarmupCosineDecay(keras.optimizers.schedules.LearningRateSchedule):
             ("initial_learning_rate", initial_learning_rate),
             ("min_learning_rate", min_learning_rate),
         ):
-            if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
+            if not (is_finite_real(value) and value >= 0):
                 raise ValueError(f"`{arg}` must be a non-negative float. Received: {arg}={value!r}")
         for arg, value in (("warmup_steps", warmup_steps), ("decay_steps", decay_steps)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:

@@ -31,6 +31,7 @@ from keras_avae.training.jax_distribution import _is_data_parallel
 from keras_avae.training.interrupts import TrainingInterrupted
 from keras_avae.training.interrupts import _StopOnSignal
 from keras_avae.training.optimizers import NonFiniteTrainingError
+from keras_avae.training.optimizers import check_guard_policy
 from keras_avae.training.optimizers import make_optimizer
 from keras_avae.training.reproducibility import _make_reproducible
 from keras_avae.training.run_folder import _check_run_record
@@ -170,6 +171,7 @@ def _build_and_restore(model, strategy, run, config_overrides, jit_compile, save
     scope = strategy.scope() if strategy is not None and BACKEND == "tensorflow" else contextlib.nullcontext()
     with scope:
         model = _build_model(model, strategy, config_overrides, _recorded_feature_seed(run.output_dir / "run.json"))
+        check_guard_policy(model)
         optimizer = make_optimizer(run.recipe, run.steps_per_epoch, run.epochs)
         model.compile(optimizer=optimizer, jit_compile=jit_compile)
         optimizer.build(model.trainable_variables)
