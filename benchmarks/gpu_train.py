@@ -127,6 +127,7 @@ def train(args, data, results, output):
     from keras_avae.training import KLWarmup
     from keras_avae.training import make_optimizer
     from keras_avae.training import resolve_recipe
+    from keras_avae.training.optimizers import check_guard_policy
 
     # `--init-weights` continues an earlier run's shipped float16 weights (a new schedule, fresh optimizer slots).
     model = zoo.load(args.entry, weights=args.init_weights, seed=0, dtype=args.dtype)
@@ -156,6 +157,7 @@ def train(args, data, results, output):
         warmup_epochs=max(1, round(0.05 * epochs)),
         kl_warmup_epochs=0 if args.kl_warmup_fraction == 0 else max(1, round(args.kl_warmup_fraction * epochs)),
     )
+    check_guard_policy(model)  # --dtype mixed_float16 would hide NaN steps from the guard
     model.compile(optimizer=make_optimizer(recipe, args.steps_per_epoch, epochs))
     kl = KLWarmup(recipe["kl_warmup_epochs"], recipe["kl_min"])
     results["training"] = {
