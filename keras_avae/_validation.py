@@ -269,7 +269,7 @@ def check_layer_seed(seed, name="seed"):
     >>> check_layer_seed(-1, "nonlocal_feature_seed")
     Traceback (most recent call last):
     ...
-    ValueError: `nonlocal_feature_seed` must be None or an int in [0, 2147483646]. Received: nonlocal_feature_seed=-1
+    ValueError: `nonlocal_feature_seed` must be an integer in [0, 2147483646] or None. Received: nonlocal_feature_seed=-1
     """
     if not is_layer_seed(seed):
-        raise ValueError(f"`{name}` must be None or an int in [0, {MAX_LAYER_SEED}]. Received: {name}={seed!r}")
+        raise ValueError(f"`{name}` must be an integer in [0, {MAX_LAYER_SEED}] or None. Received: {name}={seed}")

@@ -419,9 +419,8 @@ def _run_plan(model, plans, unchecked, batch, num_samples, chunk_size, progress_
     return plans[key]
 
 
-def _elbo(model, x, images_per_pass):
-    """Per-image ELBO in nats, `(B,)`, in passes of `images_per_pass` images."""
-    step = images_per_pass
+def _elbo(model, x, step):
+    """Per-image ELBO in nats, `(B,)`, in passes of `step` images."""
     terms = inference_passes.inference_pass(model, "elbo_terms", lambda b: _elbo_terms(model(b, training=False)))
     parts = []
     for start in range(0, len(x), step):

@@ -5,6 +5,8 @@ import math
 import keras
 from keras import ops
 
+from keras_avae._validation import check_bool
+
 # Registering the distribution as a tree node lets a symbolic layer call
 # return it: Keras flattens a layer's outputs to find the KerasTensors it
 # tracks, here the parameters.
@@ -131,10 +133,7 @@ class DiscretizedLogisticMixtureDistribution:
             raise ValueError(f"`num_channels` must be 1 or 3. Received: num_channels={num_channels}")
         if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 2:
             raise ValueError(f"`num_bins` must be an int >= 2. Received: num_bins={num_bins}")
-        if not isinstance(reference_edge_bug, bool):
-            raise ValueError(
-                f"`reference_edge_bug` must be a bool. Received: reference_edge_bug={reference_edge_bug}"
-            )
+        check_bool(reference_edge_bug, "reference_edge_bug")
         if reference_edge_bug and num_bins != 256:
             raise ValueError(
                 "`reference_edge_bug=True` reproduces the 256-level reference only. "

@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from keras_avae._validation import check_bool
 from keras_avae._validation import is_finite_number
 
 
@@ -103,8 +104,7 @@ class DepthwiseAttend(keras.layers.Layer):
             ("normalize_values", normalize_values),
             ("normalize_output", normalize_output),
         ):
-            if not isinstance(flag, bool):
-                raise ValueError(f"`{name}` must be a bool. Received: {name}={flag!r}")
+            check_bool(flag, name)
         if initial_scale is not None and not _is_positive_number(initial_scale):
             raise ValueError(
                 "`initial_scale` must be a positive number or `None` (for "

@@ -3,8 +3,8 @@
 import keras
 from keras import ops
 
-from keras_avae._validation import MAX_LAYER_SEED
-from keras_avae._validation import is_layer_seed
+from keras_avae._validation import check_bool
+from keras_avae._validation import check_layer_seed
 from keras_avae._validation import is_finite_number
 from keras_avae.replica_seeds import ReplicaSeedGenerator
 
@@ -105,8 +105,7 @@ class GumbelSoftmaxSampler(keras.layers.Layer):
                 "`temperature` must be a finite positive Python number (pass tensors or "
                 f"variables at call time). Received: temperature={temperature}"
             )
-        if not isinstance(hard, bool):
-            raise ValueError(f"`hard` must be a bool. Received: hard={hard}")
+        check_bool(hard, "hard")
         if isinstance(axis, bool) or not isinstance(axis, int):
             raise ValueError(f"`axis` must be an int. Received: axis={axis}")
         if inference_mode not in _INFERENCE_MODES:
@@ -114,8 +113,7 @@ class GumbelSoftmaxSampler(keras.layers.Layer):
                 f"`inference_mode` must be one of {_INFERENCE_MODES}. "
                 f"Received: inference_mode={inference_mode}"
             )
-        if not is_layer_seed(seed):
-            raise ValueError(f"`seed` must be an integer in [0, {MAX_LAYER_SEED}] or None. Received: seed={seed}")
+        check_layer_seed(seed)
         self.temperature = float(temperature)
         self.hard = hard
         self.axis = axis

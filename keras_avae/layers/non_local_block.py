@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from keras_avae._validation import MAX_LAYER_SEED
+from keras_avae._validation import check_bool
 from keras_avae._validation import is_layer_seed
 from keras_avae._validation import is_int
 from keras_avae.ops.channels import split_channels
@@ -117,9 +118,8 @@ class NonLocalBlock(keras.layers.Layer):
             raise ValueError(
                 f"`feature_redraw` must be one of {_FEATURE_REDRAWS}. Received: feature_redraw={feature_redraw!r}"
             )
-        if not isinstance(use_bias, bool):
-            raise ValueError(f"`use_bias` must be a bool. Received: use_bias={use_bias!r}")
-        if not is_layer_seed(seed):
+        check_bool(use_bias, "use_bias")
+        if not is_layer_seed(seed):  # the value's repr: a string seed shows as one
             raise ValueError(f"`seed` must be an integer in [0, {MAX_LAYER_SEED}] or None. Received: seed={seed!r}")
         if seed is None:
             # A concrete seed in the config makes the features reproducible

@@ -5,8 +5,7 @@ import random
 import keras
 from keras import ops
 
-from keras_avae._validation import MAX_LAYER_SEED
-from keras_avae._validation import is_layer_seed
+from keras_avae._validation import check_layer_seed
 from keras_avae._validation import is_finite_number
 from keras_avae._validation import is_int
 from keras_avae.layers.attention_layout import SequenceLayout
@@ -226,8 +225,7 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
                 "PerformerAttention computes FAVOR+ attention, not MultiHeadAttention's exact fused kernel: "
                 f"`flash_attention` must be None or False. Received: flash_attention={flash_attention}"
             )
-        if not is_layer_seed(seed):
-            raise ValueError(f"`seed` must be an integer in [0, {MAX_LAYER_SEED}] or None. Received: seed={seed}")
+        check_layer_seed(seed)
         if seed is None:
             # A concrete seed in the config makes the features reproducible
             # after a `.keras` round trip; same range as Keras' default seeds.

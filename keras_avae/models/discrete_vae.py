@@ -96,7 +96,7 @@ class DiscreteVAE(ELBOModel):
                 raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
         if num_categories < 2:
             raise ValueError(f"`num_categories` must be at least 2. Received: num_categories={num_categories}")
-        if len(image_shape) != 3 or image_shape[0] % 4 or image_shape[1] % 4:
+        if image_shape[0] % 4 or image_shape[1] % 4:
             raise ValueError(f"`image_shape` must be (H, W, C) with H, W divisible by 4. Received: image_shape={image_shape}")
         check_temperature(temperature)
         check_bool(straight_through, "straight_through")

@@ -82,7 +82,7 @@ class ELBOModel(PresetMixin, keras.Model):
 
     def load_weights(self, filepath, *args, **kwargs):
         """`keras.Model.load_weights`, building an unbuilt model first (its `image_shape` is known)."""
-        self._build_before_tracing()
+        self._build_if_needed()
         return super().load_weights(filepath, *args, **kwargs)
 
     def make_train_function(self, force=False):
@@ -107,7 +107,7 @@ class ELBOModel(PresetMixin, keras.Model):
         """
         if getattr(self, "train_function", None) is None or force:
             _keep_freed_host_memory_on_a_cpu()
-        self._build_before_tracing()
+        self._build_if_needed()
         optimizer = getattr(self, "optimizer", None)
         if optimizer is not None and not optimizer.built:
             with self._variable_scope():
@@ -115,14 +115,14 @@ class ELBOModel(PresetMixin, keras.Model):
         return super().make_train_function(force=force)
 
     def make_test_function(self, force=False):
-        self._build_before_tracing()
+        self._build_if_needed()
         return super().make_test_function(force=force)
 
     def make_predict_function(self, force=False):
-        self._build_before_tracing()
+        self._build_if_needed()
         return super().make_predict_function(force=force)
 
-    def _build_before_tracing(self):
+    def _build_if_needed(self):
         """Builds an unbuilt model eagerly (its `image_shape` is known).
 
         Left to Keras, TensorFlow creates the weights inside the first traced

@@ -11,6 +11,7 @@ import numpy as np
 from keras import ops
 
 from keras_avae import inference_passes
+from keras_avae._validation import check_bool
 from keras_avae._validation import check_positive_int
 from keras_avae._validation import check_temperature
 from keras_avae._validation import to_numpy
@@ -107,8 +108,7 @@ class HierarchicalInference:
         temperature = check_temperature(temperature)
         if mode not in ("mean", "sample"):
             raise ValueError(f"`mode` must be 'mean' or 'sample'. Received: mode={mode!r}")
-        if not isinstance(readjust_batch_norm, bool):
-            raise ValueError(f"`readjust_batch_norm` must be a bool. Received: readjust_batch_norm={readjust_batch_norm!r}")
+        check_bool(readjust_batch_norm, "readjust_batch_norm")
         if readjust_batch_norm:
             readjust_steps = check_positive_int(readjust_steps, "readjust_steps")
             with readjusted_batch_norm(self, temperature, steps=readjust_steps):

@@ -122,16 +122,20 @@ _NUMBER_RULES = {
 
 
 def _check_numbers(recipe):
-    """Refuses a recipe number out of its range, naming the recipe key."""
+    """Refuses a recipe number out of its range, naming the recipe key.
+
+    Here, before `train` records the recipe: a value refused only when
+    training starts would be recorded first, and the run folder would then
+    refuse the corrected value as a change.
+    """
     for key, (condition, wanted, optional) in _NUMBER_RULES.items():
         if key not in recipe or (optional and recipe[key] is None):
             continue
         check_finite_number(recipe[key], key, condition, wanted + (" (or None)" if optional else ""))
-    kl_warmup = recipe.get("kl_warmup_epochs")
-    if kl_warmup is not None and (not is_int(kl_warmup) or kl_warmup < 0):
-        raise ValueError(
-            f"`kl_warmup_epochs` must be a non-negative int (or None). Received: kl_warmup_epochs={kl_warmup!r}"
-        )
+    for key in ("kl_warmup_epochs", "max_nonfinite_steps"):
+        value = recipe.get(key)
+        if value is not None and (not is_int(value) or value < 0):
+            raise ValueError(f"`{key}` must be a non-negative int. Received: {key}={value!r}")
 
 
 def _check_augmentation(augmentation):

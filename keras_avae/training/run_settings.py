@@ -13,8 +13,6 @@ import pathlib
 import keras
 import numpy as np
 
-from keras_avae.training.callbacks import KLWarmup
-from keras_avae.training.callbacks import NonFiniteMonitor
 from keras_avae.training.distribute import is_chief
 from keras_avae.training.distribute import num_replicas
 from keras_avae.training.jax_distribution import _is_data_parallel
@@ -106,7 +104,6 @@ def _resolve_run(
     output_dir = pathlib.Path(output_dir)
     name = model if isinstance(model, str) else None
     recipe = resolve_recipe(name, **recipe_overrides)
-    _check_callback_settings(recipe)
     epochs = _positive_int("epochs", recipe["epochs"] if epochs is None else epochs)
     replicas = num_replicas(strategy)
     chief = is_chief(strategy)
@@ -121,16 +118,6 @@ def _resolve_run(
     if data_info is not None and not isinstance(data_info, dict):
         raise ValueError(f"`data_info` must be a dict or None. Received: data_info={data_info!r}")
     return _Run(output_dir, name, recipe, epochs, steps_per_epoch, batch_size, replicas, chief, data_info)
-
-
-def _check_callback_settings(recipe):
-    """The callbacks' recipe values, checked before `run.json` records them.
-
-    A value refused only when training starts would be recorded first, and
-    the run folder would then refuse the corrected value as a change.
-    """
-    NonFiniteMonitor(recipe["max_nonfinite_steps"])
-    KLWarmup(recipe.get("kl_warmup_epochs") or 0, recipe.get("kl_min", 1.0))
 
 
 def _check_replica_input(dataset, batch_size, replicas, strategy):

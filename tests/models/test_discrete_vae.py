@@ -36,7 +36,7 @@ def log_px_given_every_code(model, x):
         ("image_shape", (8, 8, 0), "three positive ints"),
         ("image_shape", (0, 0, 1), "three positive ints"),
         ("l2", -1.0, "finite number >= 0"),
-        ("seed", -2, "None or an int"),
+        ("seed", -2, "an integer in"),
     ],
 )
 def test_bad_constructor_values_name_their_argument(name, value, message):

@@ -272,7 +272,7 @@ class TestHierarchicalVAE(TestCase):
             ("l2", float("nan"), "finite number >= 0"),
             ("crop", True, "non-negative int smaller than half"),
             ("prior_log_scale_bounds", (1.0,), r"\(low, high\) with low < high"),
-            ("nonlocal_feature_seed", 2**33, r"None or an int in \[0, 2147483646\]"),
+            ("nonlocal_feature_seed", 2**33, r"an integer in \[0, 2147483646\] or None"),
         ],
     )
     def test_bad_config_values_name_their_argument(self, name, value, message):
