@@ -212,6 +212,12 @@ def test_chardata_bad_shape_and_values(tmp_path):
         datasets.load("omniglot", tmp_path, "train")
     with pytest.raises(ValueError, match=r"'testdata' must hold values in \[0, 1\]"):
         datasets.load("omniglot", tmp_path, "test")
+    # Before: NaN passed the range check (NaN < 0 and NaN > 1 are both False).
+    with_nan = np.zeros((784, 2))
+    with_nan[5, 1] = np.nan
+    scipy.io.savemat(tmp_path / "chardata.mat", {"data": with_nan, "testdata": np.zeros((784, 1))})
+    with pytest.raises(ValueError, match=r"chardata\.mat: 'data' holds 1 NaN or infinite values"):
+        datasets.load("omniglot", tmp_path, "train")
     (tmp_path / "chardata.mat").write_bytes(b"MATLAB 5.0 garbage")
     with pytest.raises(ValueError, match=r"chardata\.mat: not a readable MATLAB file"):
         datasets.load("omniglot", tmp_path, "train")
@@ -255,6 +261,16 @@ def test_area_downsample_orientation_and_blocks():
     np.testing.assert_allclose(datasets.area_downsample(y, 3)[0], y[0].reshape(3, 2, 3, 2).mean(axis=(1, 3)))
     with pytest.raises(ValueError, match="Received: size=30"):
         datasets.area_downsample(y, 30)
+
+
+def test_omniglot_105_values_out_of_range_are_refused(tmp_path):
+    # Before: one NaN pixel spread through the area average to all 784 pixels of its image.
+    for value, message in ((np.nan, r"'background' holds 1 NaN or infinite values"), (-1.0, r"'background' must hold 0/1 values.*Received: values in \[-1\.0, ")):
+        images = np.zeros((2, 105, 105), np.float32)
+        images[1, 50, 50] = value
+        np.savez(tmp_path / "omniglot_105.npz", background=images, evaluation=images)
+        with pytest.raises(ValueError, match=rf"omniglot_105\.npz: {message}"):
+            datasets.load("omniglot", tmp_path, "train")
 
 
 def test_chardata_preferred_over_omniglot_105(tmp_path):
@@ -394,6 +410,11 @@ def test_static_binarisation_is_reproducible(tmp_path):
     assert abs(grey.mean() - p) < 5 * np.sqrt(p * (1 - p) / grey.size)
     other = datasets.make_dataset("mnist", "test", tmp_path, batch_size=16, seed=4, binarize="static")
     assert not np.array_equal(np.concatenate(batches(other)), epoch1)
+    # Before: `seed=None` drew another binary test set than `seed=0` (and than
+    # `seed=None` under a strategy, the shipped samples and `evaluate --seed 0`).
+    unseeded = datasets.make_dataset("mnist", "test", tmp_path, batch_size=16)
+    seed_zero = datasets.make_dataset("mnist", "test", tmp_path, batch_size=16, seed=0)
+    np.testing.assert_array_equal(np.concatenate(batches(unseeded)), np.concatenate(batches(seed_zero)))
 
 
 def test_shuffle_is_seeded_and_reshuffles_each_epoch(tmp_path):
@@ -488,6 +509,15 @@ def test_limit_repeat_and_argument_errors(tmp_path):
         datasets.make_dataset("mnist", "train", tmp_path, random_flip=True)
     with pytest.raises(ValueError, match="Received: binarize='yes'"):
         datasets.make_dataset("mnist", "train", tmp_path, binarize="yes")
+    # Before: these went through `bool()`, so "false" shuffled and "no" repeated forever.
+    for flag in ("shuffle", "drop_remainder", "repeat", "with_labels", "resize_images"):
+        with pytest.raises(ValueError, match=rf"`{flag}` must be a bool.*Received: {flag}='false'"):
+            datasets.make_dataset("mnist", "train", tmp_path, **{flag: "false"})
+    with pytest.raises(ValueError, match=r"`random_flip` must be a bool.*Received: random_flip='no'"):
+        datasets.make_dataset("cifar10", "train", tmp_path, random_flip="no")
+    with pytest.raises(ValueError, match=r"`data_dir` must be a folder's path or None. Received: data_dir=123"):
+        datasets.make_dataset("mnist", "train", 123)
+    assert len(batches(datasets.make_dataset("mnist", "test", tmp_path, 4, shuffle=np.bool_(False)))) == 3
     assert datasets.image_shape("cifar10") == (32, 32, 3)
 
 
@@ -715,7 +745,7 @@ def test_multi_worker_shards_are_disjoint(tmp_path):
 def test_shipped_mnist_sample_matches_the_test_pipeline(tmp_path):
     grey, labels = datasets.mnist_test_sample(100, binarize=False, with_labels=True)
     raw = np.round(grey[:, 2:30, 2:30, 0] * 255).astype(np.uint8)
-    assert raw.shape == (100, 28, 28) and raw.max() == 255 and labels.shape == (100,)
+    assert raw.shape == (100, 28, 28) and raw.max() == 255 and labels.shape == (100,) and labels.dtype == np.int64
     # The shipped images as MNIST files: the test pipeline must binarise them
     # exactly as mnist_test_sample does, so the demo scores what evaluate scores.
     root = tmp_path / "mnist"
@@ -772,6 +802,7 @@ def test_shipped_samples_are_the_first_images_of_the_real_test_splits():
     pixels, labels = datasets.shipped_sample("cifar10", 100, with_labels=True)
     np.testing.assert_array_equal(pixels, cifar[:100].astype(np.float32) / np.float32(127.5) - 1)
     np.testing.assert_array_equal(labels, classes[:100])
+    assert labels.dtype == classes.dtype == np.int64  # as `load` gives them (were uint8)
 
 
 def test_shipped_sample_argument_errors():

@@ -148,6 +148,50 @@ def test_symlinked_class_folders_are_read_and_link_cycles_end(tmp_path):
     assert ids(linked) == list(range(30))
 
 
+def test_one_file_reached_through_two_links_is_refused(tmp_path):
+    # Before: a sibling link to a class folder read its files again, as another
+    # class, and the hash split sent some copies to test while they were in train.
+    write_images(tmp_path / "flat" / "digits", 30)
+    (tmp_path / "flat" / "digits_link").symlink_to(tmp_path / "flat" / "digits", target_is_directory=True)
+    with pytest.raises(ValueError, match=r"digits/img_000\.png and digits_link/img_000\.png are the same file"):
+        datasets.read_image_folder(tmp_path / "flat", "train", "grey")
+    write_images(tmp_path / "split" / "train", 3)
+    (tmp_path / "split" / "test").mkdir()
+    (tmp_path / "split" / "test" / "leak.png").symlink_to(tmp_path / "split" / "train" / "img_001.png")
+    with pytest.raises(ValueError, match=r"test/leak\.png and train/img_001\.png are the same file"):
+        datasets.read_image_folder(tmp_path / "split", "test", "grey")
+
+
+@pytest.mark.parametrize("names", [("Train", "Test"), ("training", "testing"), ("train", "Test")])
+def test_split_folders_spelt_otherwise_are_refused(tmp_path, names):
+    # Before: `Train/` and `Test/` were two classes, and 90% of Test/ went to training.
+    for name in names:
+        write_images(tmp_path / name, 20)
+    listed = ", ".join(f"{n}/" for n in names)  # the train folder first
+    with pytest.raises(ValueError, match=rf"has the split folders {listed}\. Use both train/ and test/"):
+        datasets.read_image_folder(tmp_path, "train", "grey")
+
+
+def test_transparent_images_are_refused_opaque_alpha_is_dropped(tmp_path):
+    # Before: a glyph drawn in the alpha channel over black pixels loaded as a blank image.
+    glyph = np.zeros((28, 28, 4), np.uint8)
+    glyph[8:20, 12:16, 3] = 255
+    (tmp_path / "train").mkdir()
+    write_images(tmp_path / "test", 1)
+    PIL.Image.fromarray(glyph).save(tmp_path / "train" / "glyph.png")
+    for kind in ("grey", "rgb"):
+        with pytest.raises(ValueError, match=r"glyph\.png: 736 of its 784 pixels are transparent.*Flatten it"):
+            datasets.read_image_folder(tmp_path, "train", kind, resize=True)
+    palette = PIL.Image.fromarray(np.arange(784, dtype=np.uint8).reshape(28, 28) % 4).convert("P")
+    palette.save(tmp_path / "train" / "glyph.png", transparency=0)
+    with pytest.raises(ValueError, match=r"glyph\.png: 196 of its 784 pixels are transparent"):
+        datasets.read_image_folder(tmp_path, "train", "grey")
+    glyph[..., 3], glyph[..., 0] = 255, 200
+    PIL.Image.fromarray(glyph).save(tmp_path / "train" / "glyph.png")
+    images, _ = datasets.read_image_folder(tmp_path, "train", "rgb", resize=True)
+    np.testing.assert_array_equal(images[0, ..., 0], np.full((32, 32), 200))
+
+
 def test_file_names_that_are_not_utf8_are_read(tmp_path):
     # Before: the hash split encoded names as UTF-8 and raised UnicodeEncodeError.
     write_images(tmp_path, 20)

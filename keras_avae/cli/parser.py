@@ -100,7 +100,9 @@ def _add_train_parser(commands, backend):
     )
     train.add_argument("--limit", type=_positive(int), help="use only the first N training images (default: all)")
     train.add_argument("--resize-images", action="store_true", help=_RESIZE_HELP)
-    train.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
+    train.add_argument(
+        "--seed", type=_seed_below(2**32, "2**32"), default=0, help="data and initialisation seed, 0 to 2**32 - 1"
+    )
     train.add_argument(
         "--deterministic",
         action=argparse.BooleanOptionalAction,
@@ -161,7 +163,9 @@ def _add_sample_parser(commands, backend):
     sample.add_argument("--num", type=_positive(int), default=64, help="number of images")
     sample.add_argument("--temperature", type=_positive(float), default=1.0, help="prior temperature")
     sample.add_argument("--out", required=True, help="output .png file")
-    sample.add_argument("--seed", type=int, default=0, help="sampling seed")
+    sample.add_argument(
+        "--seed", type=_seed_below(2**31 - 1, "2**31 - 1"), default=0, help="sampling seed, 0 to 2**31 - 2"
+    )
     sample.add_argument("--set", action="append", metavar="KEY=VALUE", help=_set_help("a model config value"))
 
 
@@ -175,4 +179,4 @@ def _add_demo_parser(commands, backend):
     demo.add_argument("--out", default="keras-avae-demo", help="folder for samples.png and reconstructions.png")
     demo.add_argument("--num-images", type=_positive(int), default=100, help="1 to 100 shipped test images")
     demo.add_argument("--num-samples", type=_positive(int), default=100, help="K importance samples")
-    demo.add_argument("--seed", type=int, default=0, help="sampling seed")
+    demo.add_argument("--seed", type=_seed_below(2**20, "2**20"), default=0, help="sampling seed, 0 to 2**20 - 1")

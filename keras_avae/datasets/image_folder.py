@@ -32,6 +32,8 @@ _SUFFIXES = (".png", ".jpg", ".jpeg")
 _KINDS = {"grey": (28, 28, 1), "rgb": (32, 32, 3)}
 # The share of the files the hash split sends to "test".
 _TEST_FRACTION = 0.1
+# Folder names (lower case) read as a split: anything else is a class.
+_SPLIT_NAMES = {"train": "train", "training": "train", "test": "test", "testing": "test"}
 # Modes Pillow gives 16-bit grey images (`convert` would clip them to 255).
 _SIXTEEN_BIT = ("I", "I;16", "I;16B", "I;16L", "I;16N")
 
@@ -74,22 +76,52 @@ def _in_test_split(relative_path):
     return int.from_bytes(digest[:4], "big") < _TEST_FRACTION * 2**32
 
 
+def _split_folders(root):
+    """The subfolders of `root` that name a split, any case: `{"train": [...], "test": [...]}`."""
+    found = {"train": [], "test": []}
+    for entry in sorted(root.iterdir()):
+        name = entry.name.lower()
+        if entry.is_dir() and not entry.name.startswith(".") and name in _SPLIT_NAMES:
+            found[_SPLIT_NAMES[name]].append(entry.name)
+    return found
+
+
+def _check_no_duplicates(folder, files):
+    """Raises if two of `files` are one file on disk (reached through a link): it would be read twice."""
+    seen = {}
+    for f in sorted(files, key=lambda p: p.parts):
+        real = os.path.realpath(folder / f)
+        if real in seen:
+            raise ValueError(
+                f"{folder}: {seen[real]} and {f} are the same file (through a symbolic link), so it would be "
+                f"read twice, possibly into both splits. Remove one of the links."
+            )
+        seen[real] = f
+
+
 def _split_files(root, split):
     """`(folder, files, classes)`: the split's folder, its image files relative to it, the class names."""
-    present = [s for s in ("train", "test") if (root / s).is_dir()]
-    if len(present) == 2:
+    found = _split_folders(root)
+    if found["train"] or found["test"]:
+        if found != {"train": ["train"], "test": ["test"]}:
+            names = found["train"] + found["test"]
+            if names in (["train"], ["test"]):
+                problem = f"has a {names[0]}/ folder but no {'test' if names == ['train'] else 'train'}/ folder"
+            else:
+                problem = f"has the split folders {', '.join(n + '/' for n in names)}"
+            raise ValueError(
+                f"{root} {problem}. Use both train/ and test/ (these names, lower case), or neither (a flat "
+                f"folder or class subfolders, split by file hash). Received: path={str(root)!r}"
+            )
         files = _image_files(root / split)
         if not files:
             raise ValueError(f"{root / split}: no image files ({', '.join(_SUFFIXES)}) for the {split} split.")
-        both = files + _image_files(root / ("test" if split == "train" else "train"))
-        return root / split, files, sorted({_class_of(f) for f in both})
-    if present:
-        missing = "test" if present == ["train"] else "train"
-        raise ValueError(
-            f"{root} has a {present[0]}/ folder but no {missing}/ folder. Use both train/ and test/, or "
-            f"neither (a flat folder or class subfolders, split by file hash). Received: path={str(root)!r}"
-        )
+        other = "test" if split == "train" else "train"
+        others = _image_files(root / other)
+        _check_no_duplicates(root, [split / f for f in files] + [other / f for f in others])
+        return root / split, files, sorted({_class_of(f) for f in files + others})
     every = _image_files(root)
+    _check_no_duplicates(root, every)
     if not every:
         raise ValueError(f"{root}: no image files ({', '.join(_SUFFIXES)}). Received: path={str(root)!r}")
     files = [f for f in every if _in_test_split(f) == (split == "test")]
@@ -107,6 +139,24 @@ def _class_of(relative_path):
     return relative_path.parts[0] if len(relative_path.parts) > 1 else ""
 
 
+def _check_opaque(image, file):
+    """Raises for transparent pixels: without its alpha channel the image is only the colours under it.
+
+    Ink drawn in the alpha channel (a common way to save glyphs) over black
+    pixels would load as a blank image, so no background is guessed.
+    """
+    if image.mode in _SIXTEEN_BIT or not (image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info):
+        return
+    alpha = np.asarray(image.convert("RGBA").getchannel("A"))
+    if alpha.min() < 255:
+        raise ValueError(
+            f"{file}: {np.count_nonzero(alpha < 255)} of its {alpha.size} pixels are transparent, and the "
+            f"image's pixels without the alpha channel may not be what it shows. Flatten it onto the "
+            f"background you want first, e.g. `PIL.Image.alpha_composite(PIL.Image.new('RGBA', image.size, "
+            f"'white'), image.convert('RGBA')).convert('RGB')`."
+        )
+
+
 def _read_image(file, kind, resize):
     """One image as float32 `(28, 28)` in [0, 1] (grey) or uint8 `(32, 32, 3)` (rgb)."""
     width, height, _ = _KINDS[kind]
@@ -116,6 +166,7 @@ def _read_image(file, kind, resize):
             image.load()
     except Exception as e:
         raise ValueError(f"{file}: not a readable PNG/JPEG image ({type(e).__name__}: {e}).") from e
+    _check_opaque(image, file)
     if image.size != (width, height) and not resize:
         raise ValueError(
             f"{file}: the image is {image.size[0]}x{image.size[1]} pixels but the {kind} entries need "
@@ -149,7 +200,8 @@ def read_image_folder(path, split, kind, resize=False):
     Layouts:
 
     - `path/train/` and `path/test/`: the split is its folder (searched
-      recursively).
+      recursively). Other spellings of the split folders (`Train/`,
+      `testing/`, ...) are refused rather than read as classes.
     - Otherwise (a flat folder, or a folder of class subfolders), every image
       file is assigned to a split by the SHA-1 hash of its path relative to
       `path`: about 10% go to `"test"`, the rest to `"train"`. The split is
@@ -157,8 +209,10 @@ def read_image_folder(path, split, kind, resize=False):
       (renaming or moving a file may move it to the other split).
 
     Files are `.png`, `.jpg` and `.jpeg` (any case), in sorted path order;
-    names starting with `.` are skipped. JPEG EXIF rotations are applied and
-    transparency is dropped. Grey levels are the brightness (`convert("L")`,
+    names starting with `.` are skipped, and a file reached twice (through a
+    symbolic link) is refused. JPEG EXIF rotations are applied; an image
+    with transparent pixels is refused (flatten it onto a background
+    first), a fully opaque alpha channel is dropped. Grey levels are the brightness (`convert("L")`,
     16-bit images scaled by 65535): bright = 1, as MNIST's white strokes on
     black, so invert black-on-white scans first (e.g.
     `PIL.ImageOps.invert`). Images must have the target size (28x28 grey,

@@ -62,6 +62,8 @@ def read_omniglot_chardata(path, split="train"):
             f"{path}: {key!r} must have shape (784, N), one 28x28 image per column. Received: shape={data.shape}"
         )
     data = data.astype(np.float32)
+    if not np.isfinite(data).all():
+        raise ValueError(f"{path}: {key!r} holds {np.count_nonzero(~np.isfinite(data))} NaN or infinite values.")
     if data.size and (data.min() < 0 or data.max() > 1):
         raise ValueError(
             f"{path}: {key!r} must hold values in [0, 1]. Received: values in [{data.min()}, {data.max()}]"
@@ -163,8 +165,12 @@ def read_omniglot_105(path, split="train", size=28):
         raw = _npz_get(npz, key, path)
         if raw.ndim != 3 or raw.shape[1:] != (105, 105):
             raise ValueError(f"{path}: {key!r} must have shape (N, 105, 105). Received: shape={raw.shape}")
-        if raw.size and raw.max() > 1:
-            raise ValueError(f"{path}: {key!r} must hold 0/1 values (1 = stroke). Received: a value {raw.max()}")
+        if np.issubdtype(raw.dtype, np.floating) and not np.isfinite(raw).all():
+            raise ValueError(f"{path}: {key!r} holds {np.count_nonzero(~np.isfinite(raw))} NaN or infinite values.")
+        if raw.size and (raw.min() < 0 or raw.max() > 1):
+            raise ValueError(
+                f"{path}: {key!r} must hold 0/1 values (1 = stroke). Received: values in [{raw.min()}, {raw.max()}]"
+            )
         labels = np.full((raw.shape[0],), -1, np.int64)
         names = [f"{s}_alphabet" for s in ("background", "evaluation")]
         if all(n in npz.files for n in names):

@@ -5,6 +5,8 @@ every batch into the models' input range; under a `tf.distribute` strategy
 it returns the distributed dataset (see its docstring).
 """
 
+import os
+
 import numpy as np
 
 from keras_avae.datasets.binarization import _check_binarize
@@ -42,11 +44,16 @@ def image_shape(name):
 
 
 def _seeds(seed, pipeline_id):
-    """Independent (shuffle, random, static) seeds derived from one user seed."""
+    """Independent (shuffle, random, static) seeds derived from one user seed.
+
+    The static binarisation takes seed 0's when `seed` is None, so a test
+    split is the same binary set with and without a strategy and as with
+    `seed=0` (`shipped_sample`, `keras-avae evaluate`).
+    """
+    static = int(np.random.SeedSequence([0 if seed is None else seed]).generate_state(1)[0])
     if seed is None:
-        return None, None, 0
+        return None, None, static
     state = np.random.SeedSequence([seed, pipeline_id]).generate_state(2)
-    static = int(np.random.SeedSequence([seed]).generate_state(1)[0])
     return int(state[0]), int(state[1]), static
 
 
@@ -117,7 +124,8 @@ def make_dataset(
             `strategy.num_replicas_in_sync` under a strategy.
         shuffle: bool; defaults to `True` for train, `False` for test.
         seed: int or `None`; seeds shuffling, dynamic binarisation, flips and
-            static binarisation (`None` means 0 under a `strategy`).
+            static binarisation (`None` means 0 under a `strategy`, and
+            always for the static binarisation).
         repeat: bool, repeat indefinitely (then pass `steps_per_epoch`).
         drop_remainder: bool; defaults to `True` for train, `False` for test.
         binarize: `"auto"`, `"dynamic"`, `"static"` or `None` (binary sets
@@ -173,6 +181,10 @@ def make_dataset(
         every=every,
         start_batch=start_batch,
         repeat=repeat,
+        shuffle=shuffle,
+        drop_remainder=drop_remainder,
+        with_labels=with_labels,
+        data_dir=data_dir,
     )
     if strategy is not None and seed is None:
         seed = 0  # Every worker must shuffle, binarise and flip alike.
@@ -227,10 +239,23 @@ def _check_arguments(
     every=None,
     start_batch=None,
     repeat=False,
+    shuffle=None,
+    drop_remainder=None,
+    with_labels=False,
+    data_dir=None,
 ):
     """Raises the `ValueError` of `make_dataset`'s first invalid argument."""
     _check_name(name)
     _check_split(split)
+    if data_dir is not None and not isinstance(data_dir, (str, os.PathLike)):
+        raise ValueError(f"`data_dir` must be a folder's path or None. Received: data_dir={data_dir!r}")
+    # Strict: `bool("false")` is True, so a string would switch the option on.
+    flags = dict(shuffle=shuffle, drop_remainder=drop_remainder, repeat=repeat, random_flip=random_flip)
+    flags.update(with_labels=with_labels, resize_images=resize_images)
+    for flag, value in flags.items():
+        if not isinstance(value, (bool, np.bool_)) and not (value is None and flag in ("shuffle", "drop_remainder")):
+            allowed = "a bool or None" if flag in ("shuffle", "drop_remainder") else "a bool"
+            raise ValueError(f"`{flag}` must be {allowed}. Received: {flag}={value!r}")
     if not _is_int(batch_size, 1):
         raise ValueError(f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}")
     _check_binarize(name, binarize)
@@ -250,8 +275,6 @@ def _check_arguments(
             "`shuffle_buffer_size` must be a positive int or None. "
             f"Received: shuffle_buffer_size={shuffle_buffer_size!r}"
         )
-    if not isinstance(resize_images, (bool, np.bool_)):
-        raise ValueError(f"`resize_images` must be a bool. Received: resize_images={resize_images!r}")
     if strategy is not None and input_context is not None:
         raise ValueError("Pass `strategy` or `input_context`, not both. Received: both")
     if start_batch is not None and not _is_int(start_batch, 0):

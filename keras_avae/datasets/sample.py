@@ -65,7 +65,7 @@ def shipped_sample(name, num_images=100, binarize="auto", seed=0, with_labels=Fa
     if binarize == "dynamic":
         raise ValueError(f"A test sample is binarised once, statically. Received: binarize={binarize!r}")
     with np.load(_DATA / f"{name}_test_sample.npz") as sample:
-        stored, labels = sample["images"][:num_images], sample["labels"][:num_images]
+        stored, labels = sample["images"][:num_images], sample["labels"][:num_images].astype(np.int64)
     if name == "cifar10":
         images = stored.astype(np.float32) / np.float32(127.5) - np.float32(1.0)
         return (images, labels) if with_labels else images
@@ -92,7 +92,7 @@ def mnist_test_sample(num_images=100, binarize=True, seed=0, with_labels=False):
         with_labels: also return the digit labels.
 
     Returns:
-        float32 `(num_images, 32, 32, 1)` images (and uint8 labels).
+        float32 `(num_images, 32, 32, 1)` images (and int64 labels).
 
     Example:
 
