@@ -103,12 +103,17 @@ def check_positive_int(value, name):
     ...
     ValueError: `num_samples` must be a positive int. Received: num_samples=0
     """
-    if not _is_integer(value) or value < 1:
+    if not is_integer(value) or value < 1:
         raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
     return int(value)
 
 
-def _is_integer(value):
+def is_integer(value):
+    """Whether `value` is an integer, NumPy's included (not a bool).
+
+    >>> is_integer(np.int64(3)), is_integer(True), is_integer(3.0)
+    (True, False, False)
+    """
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
@@ -182,7 +187,7 @@ def check_image_shape(image_shape):
         not isinstance(image_shape, (list, tuple, np.ndarray))
         or np.ndim(image_shape) != 1
         or len(image_shape) != 3
-        or not all(_is_integer(s) and s > 0 for s in image_shape)
+        or not all(is_integer(s) and s > 0 for s in image_shape)
     ):
         raise ValueError(f"`image_shape` must be (H, W, C), three positive ints. Received: image_shape={image_shape!r}")
 
@@ -272,4 +277,4 @@ def check_layer_seed(seed, name="seed"):
     ValueError: `nonlocal_feature_seed` must be an integer in [0, 2147483646] or None. Received: nonlocal_feature_seed=-1
     """
     if not is_layer_seed(seed):
-        raise ValueError(f"`{name}` must be an integer in [0, {MAX_LAYER_SEED}] or None. Received: {name}={seed}")
+        raise ValueError(f"`{name}` must be an integer in [0, {MAX_LAYER_SEED}] or None. Received: {name}={seed!r}")

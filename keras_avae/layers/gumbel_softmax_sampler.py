@@ -1,6 +1,7 @@
 """Gumbel-softmax (Concrete) relaxation of categorical sampling."""
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_avae._validation import check_bool
@@ -151,7 +152,9 @@ class GumbelSoftmaxSampler(keras.layers.Layer):
             raise ValueError(
                 f"`temperature` must be finite and positive. Received: temperature={temperature}"
             )
-        temperature = ops.cast(temperature, "float32")
+        # At least float32's smallest normal number: a temperature that
+        # rounds to 0 would give 0 / 0 below.
+        temperature = ops.maximum(ops.cast(temperature, "float32"), np.finfo(np.float32).tiny)
 
         # u is kept away from 0 and 1 so that g = -log(-log u) stays finite.
         tiny = 1e-7
@@ -159,7 +162,10 @@ class GumbelSoftmaxSampler(keras.layers.Layer):
             ops.shape(logits), minval=tiny, maxval=1.0 - tiny, dtype="float32", seed=self.seed_generator
         )
         perturbed = logits - ops.log(-ops.log(u))
-        soft = ops.softmax(perturbed / temperature, axis=axis)
+        # Shifted by the (constant) maximum so that a tiny temperature cannot
+        # overflow the logits to inf (softmax(inf) is NaN); same value and gradient.
+        shifted = perturbed - ops.stop_gradient(ops.max(perturbed, axis=axis, keepdims=True))
+        soft = ops.softmax(shifted / temperature, axis=axis)
         if not self.hard:
             return ops.cast(soft, self.compute_dtype)
 

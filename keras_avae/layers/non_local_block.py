@@ -5,9 +5,8 @@ import random
 import keras
 from keras import ops
 
-from keras_avae._validation import MAX_LAYER_SEED
 from keras_avae._validation import check_bool
-from keras_avae._validation import is_layer_seed
+from keras_avae._validation import check_layer_seed
 from keras_avae._validation import is_int
 from keras_avae.ops.channels import split_channels
 from keras_avae.ops.favor import _numpy_orthogonal_features
@@ -119,8 +118,7 @@ class NonLocalBlock(keras.layers.Layer):
                 f"`feature_redraw` must be one of {_FEATURE_REDRAWS}. Received: feature_redraw={feature_redraw!r}"
             )
         check_bool(use_bias, "use_bias")
-        if not is_layer_seed(seed):  # the value's repr: a string seed shows as one
-            raise ValueError(f"`seed` must be an integer in [0, {MAX_LAYER_SEED}] or None. Received: seed={seed!r}")
+        check_layer_seed(seed)
         if seed is None:
             # A concrete seed in the config makes the features reproducible
             # after a `.keras` round trip (same range as PerformerAttention).

@@ -6,10 +6,12 @@ import keras
 from keras import ops
 
 from keras_avae._validation import check_layer_seed
-from keras_avae._validation import is_finite_number
+from keras_avae._validation import is_finite_real
 from keras_avae._validation import is_int
+from keras_avae._validation import is_integer
 from keras_avae.layers.attention_layout import SequenceLayout
 from keras_avae.layers.attention_layout import fill_rows_without_keys
+from keras_avae.ops.favor import check_favor_eps
 from keras_avae.ops.favor import favor_attention
 from keras_avae.ops.favor import orthogonal_random_features
 
@@ -114,7 +116,7 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         orthogonal_scaling: `"chi"` (rows with chi-distributed norms, which
             keeps the softmax estimate unbiased) or `"sqrt"` (rows of norm
             `sqrt(key_dim)`). Defaults to `"chi"`.
-        eps: finite non-negative float added to every feature (relative to the
+        eps: float in [0, 1] added to every feature (relative to the
             largest one) to keep the normaliser away from zero. Defaults to
             `1e-6`.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
@@ -196,10 +198,14 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         eps=1e-6,
         **kwargs,
     ):
+        # NumPy numbers are taken as Python ones (the config must serialise).
+        num_random_features = int(num_random_features) if is_integer(num_random_features) else num_random_features
+        eps = float(eps) if is_finite_real(eps) else eps
+        dropout = float(dropout) if is_finite_real(dropout) else dropout
         if not is_int(num_random_features) or num_random_features <= 0:
             raise ValueError(
                 "`num_random_features` must be a positive integer. "
-                f"Received: num_random_features={num_random_features}"
+                f"Received: num_random_features={num_random_features!r}"
             )
         if kernel not in _KERNELS:
             raise ValueError(f"`kernel` must be one of {_KERNELS}. Received: kernel={kernel!r}")
@@ -211,10 +217,9 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
             raise ValueError(
                 f"`orthogonal_scaling` must be one of {_SCALINGS}. Received: orthogonal_scaling={orthogonal_scaling!r}"
             )
-        if not is_finite_number(eps) or not eps >= 0:
-            raise ValueError(f"`eps` must be a finite non-negative float. Received: eps={eps}")
+        check_favor_eps(eps)
         if not _is_number(dropout) or not 0 <= dropout < 1:
-            raise ValueError(f"`dropout` must be a float in [0, 1). Received: dropout={dropout}")
+            raise ValueError(f"`dropout` must be a float in [0, 1). Received: dropout={dropout!r}")
         if sliding_window is not None:
             raise ValueError(
                 "PerformerAttention does not support `sliding_window`: FAVOR+ cannot apply a banded "

@@ -1,9 +1,16 @@
 """The NVAE-style residual cell of the attentive VAE, optionally non-local."""
 
+import functools
+import random
+
 import keras
 import numpy as np
 from keras import ops
 
+from keras_avae._validation import check_bool
+from keras_avae._validation import check_finite_number
+from keras_avae._validation import check_layer_seed
+from keras_avae._validation import is_int
 from keras_avae.keras_compat import call_sublayer
 from keras_avae.layers.batch_normalization import BatchNormalization
 from keras_avae.layers.non_local_block import NonLocalBlock
@@ -11,6 +18,7 @@ from keras_avae.layers.weight_norm_conv2d import WeightNormConv2D
 from keras_avae.layers.weight_norm_conv2d import _conv2d_channels_last
 
 _SCALES = ("same", "down", "up")
+_ATTENTIONS = ("softmax", "performer")
 
 
 @keras.saving.register_keras_serializable(package="keras_avae")
@@ -50,7 +58,9 @@ class ResidualCell(keras.layers.Layer):
             replicas under a `tf.distribute` strategy (TensorFlow backend).
             Defaults to `False`.
         kernel_regularizer: regularizer for every conv and batch norm weight.
-        seed: int or `None`, for the non-local blocks' random features.
+        seed: int or `None`, for the non-local blocks' random features
+            (`None`: drawn at construction and kept in the config, so a
+            reloaded cell has the same features).
         **kwargs: base layer arguments.
 
     Call arguments:
@@ -86,10 +96,28 @@ class ResidualCell(keras.layers.Layer):
         super().__init__(**kwargs)
         if scale not in _SCALES:
             raise ValueError(f"`scale` must be one of {_SCALES}. Received: scale={scale!r}")
-        if nonlocal_key_dim is not None and (not isinstance(nonlocal_key_dim, int) or nonlocal_key_dim < 1):
+        if nonlocal_key_dim is not None and (not is_int(nonlocal_key_dim) or nonlocal_key_dim < 1):
             raise ValueError(
                 f"`nonlocal_key_dim` must be a positive int or None. Received: nonlocal_key_dim={nonlocal_key_dim!r}"
             )
+        if nonlocal_attention not in _ATTENTIONS:
+            raise ValueError(
+                f"`nonlocal_attention` must be one of {_ATTENTIONS}. Received: nonlocal_attention={nonlocal_attention!r}"
+            )
+        if not is_int(nonlocal_num_random_features) or nonlocal_num_random_features < 1:
+            raise ValueError(
+                "`nonlocal_num_random_features` must be a positive int. "
+                f"Received: nonlocal_num_random_features={nonlocal_num_random_features!r}"
+            )
+        check_finite_number(residual_scale, "residual_scale", lambda v: True, "")
+        check_finite_number(bn_momentum, "bn_momentum", lambda v: 0 <= v <= 1, "in [0, 1]")
+        check_finite_number(bn_epsilon, "bn_epsilon", lambda v: v > 0, "> 0")
+        check_bool(synchronized_batch_norm, "synchronized_batch_norm")
+        check_layer_seed(seed)
+        if seed is None and nonlocal_key_dim is not None:
+            # A concrete seed in the config, so that a saved and reloaded cell
+            # has the same random features (its blocks would each draw anew).
+            seed = random.randint(1, int(1e9))
         self.scale = scale
         self.nonlocal_key_dim = nonlocal_key_dim
         self.nonlocal_attention = nonlocal_attention
@@ -122,7 +150,7 @@ class ResidualCell(keras.layers.Layer):
         self.out_channels = out_channels
         batch, height, width = input_shape[0], input_shape[1], input_shape[2]
         if self.scale == "up":
-            height, width = 2 * height, 2 * width
+            height, width = _double(height), _double(width)
 
         self.node_norms, self.node_nonlocals, self.node_convs = [], [], []
         node_in = channels
@@ -157,7 +185,7 @@ class ResidualCell(keras.layers.Layer):
             self.node_nonlocals.append(nonlocal_block)
             self.node_convs.append(conv)
             if stride == 2:
-                height, width = -(-height // 2), -(-width // 2)
+                height, width = _half(height), _half(width)
             node_in = out_channels
 
         in_shape = tuple(input_shape)
@@ -179,7 +207,7 @@ class ResidualCell(keras.layers.Layer):
                 conv.build(in_shape)
                 self.reduce_convs.append(conv)
         elif self.scale == "up":
-            up_shape = (batch, 2 * input_shape[1], 2 * input_shape[2], channels)
+            up_shape = (batch, _double(input_shape[1]), _double(input_shape[2]), channels)
             self.shortcut_nonlocal = None
             if self.nonlocal_key_dim is not None:
                 self.shortcut_nonlocal = self._nonlocal("shortcut_nonlocal")
@@ -193,12 +221,13 @@ class ResidualCell(keras.layers.Layer):
                 name="shortcut_conv",
             )
             self.shortcut_conv.build(up_shape)
-            # Corner-aligned bilinear x2 resize as two fixed interpolation
-            # matrices (keras.ops.image.resize has no align_corners).
-            self._resize_rows = _align_corners_matrix(input_shape[1])
-            self._resize_cols = _align_corners_matrix(input_shape[2])
 
     def call(self, inputs, training=None):
+        if self.scale == "up" and None in tuple(inputs.shape[1:3]):
+            raise ValueError(
+                "scale='up' needs the height and width of its inputs when it is called (its upsampling and its "
+                f"shortcut's bilinear resize are built for them). Received: inputs.shape={tuple(inputs.shape)}"
+            )
         x = inputs
         for i, (norm, nonlocal_block, conv) in enumerate(zip(self.node_norms, self.node_nonlocals, self.node_convs)):
             x = call_sublayer(norm, x, training=training)
@@ -228,11 +257,13 @@ class ResidualCell(keras.layers.Layer):
             height, width = ops.shape(parts[0])[1], ops.shape(parts[0])[2]
             parts = [_pad_to(p, height, width) for p in parts]
             return ops.concatenate(parts, axis=-1)
-        rows = ops.convert_to_tensor(self._resize_rows, dtype=self.compute_dtype)
-        cols = ops.convert_to_tensor(self._resize_cols, dtype=self.compute_dtype)
+        batch, height, width, channels = ops.shape(inputs)[0], inputs.shape[1], inputs.shape[2], inputs.shape[3]
+        # Corner-aligned bilinear x2 resize as two fixed interpolation
+        # matrices (keras.ops.image.resize has no align_corners).
+        rows = ops.convert_to_tensor(_align_corners_matrix(height), dtype=self.compute_dtype)
+        cols = ops.convert_to_tensor(_align_corners_matrix(width), dtype=self.compute_dtype)
         # Two broadcast matrix products over (h, w * c) and (w, c) views: no
         # transposes (an einsum moves the contracted axis last and back).
-        batch, height, width, channels = ops.shape(inputs)[0], inputs.shape[1], inputs.shape[2], inputs.shape[3]
         x = ops.matmul(rows, ops.reshape(inputs, (batch, height, width * channels)))
         x = ops.matmul(cols, ops.reshape(x, (-1, width, channels)))
         x = ops.reshape(x, (batch, 2 * height, 2 * width, channels))
@@ -261,10 +292,8 @@ class ResidualCell(keras.layers.Layer):
         if self.scale == "same":
             return tuple(input_shape)
         if self.scale == "down":
-            half = lambda s: None if s is None else -(-s // 2)  # noqa: E731
-            return (batch, half(height), half(width), 2 * channels)
-        double = lambda s: None if s is None else 2 * s  # noqa: E731
-        return (batch, double(height), double(width), channels // 2)
+            return (batch, _half(height), _half(width), 2 * channels)
+        return (batch, _double(height), _double(width), channels // 2)
 
     def get_config(self):
         config = super().get_config()
@@ -292,8 +321,18 @@ for _i, (_row, _col) in enumerate(((0, 0), (1, 1), (0, 1), (1, 0))):
     _PHASE_TAPS[_i, _row, _col] = 1.0
 
 
+def _half(size):
+    """A stride-2 output size; `None` (unknown) stays `None`."""
+    return None if size is None else -(-size // 2)
+
+
+def _double(size):
+    return None if size is None else 2 * size
+
+
+@functools.lru_cache(maxsize=32)
 def _align_corners_matrix(size):
-    """(2*size, size) bilinear interpolation weights with aligned corners."""
+    """(2*size, size) bilinear interpolation weights with aligned corners (cached: one per size)."""
     out = 2 * size
     matrix = np.zeros((out, size), "float32")
     if size == 1:

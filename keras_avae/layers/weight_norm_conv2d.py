@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_avae._validation import check_bool
 from keras_avae.layers.batched_weight_norm import normalize_kernels
 from keras_avae.layers.batched_weight_norm import shared_kernel
 
@@ -64,6 +65,7 @@ class WeightNormConv2D(keras.layers.Layer):
                 raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
         if padding not in ("same", "valid"):
             raise ValueError(f"`padding` must be 'same' or 'valid'. Received: padding={padding!r}")
+        check_bool(use_bias, "use_bias")
         self.filters = filters
         self.kernel_size = kernel_size
         self.strides = strides

@@ -19,6 +19,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_avae._validation import is_finite_real
 from keras_avae.ops.channels import split_channels
 
 _KERNELS = ("softmax", "relu")
@@ -66,7 +67,9 @@ def orthogonal_random_features(num_features, dim, seed=None, scaling="chi", dtyp
         raise ValueError(f"`dim` must be a positive integer. Received: dim={dim}")
     if scaling not in _SCALINGS:
         raise ValueError(f"`scaling` must be one of {_SCALINGS}. Received: scaling={scaling!r}")
-    if isinstance(seed, int) and not isinstance(seed, bool):
+    if isinstance(seed, bool) or (isinstance(seed, int) and seed < 0):
+        raise ValueError(f"`seed` must be a non-negative int, a SeedGenerator or None. Received: seed={seed!r}")
+    if isinstance(seed, int):
         return ops.convert_to_tensor(_numpy_orthogonal_features(num_features, dim, seed, scaling), dtype)
     num_blocks = -(-num_features // dim)
     block_size = num_blocks * dim * dim
@@ -136,7 +139,7 @@ def favor_feature_map(x, random_features, kernel="softmax", is_query=True, scale
         is_query: whether `x` holds queries (per-row stabiliser) or keys (one
             stabiliser per leading index and head).
         scale: logit scale; default `1 / sqrt(d)`.
-        eps: non-negative constant added to every feature (before the
+        eps: constant in [0, 1] added to every feature (before the
             `m^-1/2` factor), keeping the attention normaliser away from zero.
 
     Returns:
@@ -193,7 +196,7 @@ def favor_attention(
             keys. Masked keys' features are zeroed, so they leave the
             numerator and the normaliser. `None` means all keys are valid.
         scale: softmax logit scale; default `1 / sqrt(d)`.
-        eps: non-negative constant added to every feature (see
+        eps: constant in [0, 1] added to every feature (see
             `favor_feature_map`).
         value_kernel: optional `(d_v, d_out)` matrix: attend over the
             projected values `value @ value_kernel + value_bias` instead of
@@ -384,13 +387,27 @@ def _project(x, random_features):
     return ops.reshape(flat, (*shape[:-1], random_features.shape[0]))
 
 
+def check_favor_eps(eps):
+    """Raises unless `eps` (added to every feature) is a real number in [0, 1].
+
+    Larger values swamp the features (and overflow float32 past about 3e38,
+    giving NaN attention).
+
+    >>> check_favor_eps(1e39)
+    Traceback (most recent call last):
+    ...
+    ValueError: `eps` must be a non-negative float of at most 1. Received: eps=1e+39
+    """
+    if not is_finite_real(eps) or not 0 <= eps <= 1:
+        raise ValueError(f"`eps` must be a non-negative float of at most 1. Received: eps={eps!r}")
+
+
 def _validate(kernel, scale, eps):
     if kernel not in _KERNELS:
         raise ValueError(f"`kernel` must be one of {_KERNELS}. Received: kernel={kernel!r}")
     if scale is not None and not scale > 0:
         raise ValueError(f"`scale` must be positive or None. Received: scale={scale}")
-    if not eps >= 0:
-        raise ValueError(f"`eps` must be non-negative. Received: eps={eps}")
+    check_favor_eps(eps)
 
 
 def _feature_map(x, random_features, kernel, is_query, scale, eps, valid=None, normalise=True, sequence_axis=-3):
@@ -402,6 +419,11 @@ def _feature_map(x, random_features, kernel, is_query, scale, eps, valid=None, n
     without a head axis, `(B, L, d)`.
     """
     _validate(kernel, scale, eps)
+    if random_features.shape[-1] != x.shape[-1]:
+        raise ValueError(
+            f"`random_features` must have one column per channel of the queries and keys ({x.shape[-1]}). "
+            f"Received: random_features.shape={tuple(random_features.shape)}"
+        )
     num_features = random_features.shape[0]
     x = ops.cast(x, "float32")
     scale, weights = _scaled_random_features(random_features, scale, x.shape[-1])

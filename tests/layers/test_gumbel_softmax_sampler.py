@@ -215,7 +215,7 @@ class TestGumbelSoftmaxSampler(TestCase):
     @pytest.mark.parametrize("seed", [-1, True, 0.0, "0", 2**31 - 1, 2**32])
     def test_invalid_seed(self, seed):
         # Same range as the other seeded layers; the largest seed still works.
-        with pytest.raises(ValueError, match=rf"`seed` must be an integer in \[0, 2147483646\].*seed={seed}$"):
+        with pytest.raises(ValueError, match=rf"`seed` must be an integer in \[0, 2147483646\].*seed={seed!r}$"):
             GumbelSoftmaxSampler(seed=seed)
 
     def test_largest_seed(self):
@@ -231,6 +231,17 @@ class TestGumbelSoftmaxSampler(TestCase):
         call_message = rf"`temperature` must be finite and positive.*temperature={temperature}\b"
         with pytest.raises(ValueError, match=call_message):
             GumbelSoftmaxSampler()(_tiled_logits(2), temperature=temperature)
+
+    @pytest.mark.parametrize("temperature", [1e-30, 1e-40, 1e-50])
+    @pytest.mark.parametrize("hard", [False, True])
+    def test_tiny_temperatures_give_one_hot_samples(self, temperature, hard):
+        # Before: from about 1e-38 the tempered logits overflowed float32 and
+        # the samples were NaN (hard ones too: they add the soft sample).
+        logits = np.array([[1000.0, 999.0, -5.0, 0.0]] * 64, "float32")
+        y = to_numpy(GumbelSoftmaxSampler(temperature=temperature, hard=hard, seed=3)(logits))
+        np.testing.assert_array_equal(np.sort(y, axis=-1), np.tile([0.0, 0.0, 0.0, 1.0], (64, 1)))
+        sampler = GumbelSoftmaxSampler(temperature=temperature, hard=hard, seed=3)
+        assert np.all(np.isfinite(to_numpy(input_gradient(lambda x: sampler(x)[:, 0], logits))))
 
     def test_invalid_call_arguments(self):
         x = _tiled_logits(2)

@@ -526,7 +526,7 @@ class TestPerformerAttention(TestCase):
             ({"attention_axes": "time"}, "attention_axes=time"),
             ({"sliding_window": 3}, "sliding_window=3"),
             ({"flash_attention": True}, "flash_attention=True"),
-            ({"seed": "0"}, "seed=0"),
+            ({"seed": "0"}, "seed='0'"),
             ({"num_heads": 0}, "num_heads=0"),
         ],
     )
@@ -539,7 +539,7 @@ class TestPerformerAttention(TestCase):
     @pytest.mark.parametrize("feature_redraw", ["fixed", "training"])
     def test_bad_seed(self, seed, feature_redraw):
         # `seed + 1` seeds the redraws, so the largest seed is 2**31 - 2.
-        with pytest.raises(ValueError, match=rf"`seed` must be an integer in \[0, 2147483646\].*seed={seed}$"):
+        with pytest.raises(ValueError, match=rf"`seed` must be an integer in \[0, 2147483646\].*seed={seed!r}$"):
             PerformerAttention(num_heads=2, key_dim=4, feature_redraw=feature_redraw, seed=seed)
 
     def test_largest_seed_works_with_redraws_and_dropout(self):
@@ -552,11 +552,23 @@ class TestPerformerAttention(TestCase):
             PerformerAttention(num_heads=2, key_dim=4, feature_redraw="training", seed=2**31 - 1)
 
     @pytest.mark.parametrize(
-        "eps", [float("inf"), float("nan"), -1.0, -float("inf"), 10**400], ids=["inf", "nan", "-1", "-inf", "huge_int"]
+        "eps",
+        # 1e39 and 1e300 are finite Python floats but inf in float32 (they gave NaN attention).
+        [float("inf"), float("nan"), -1.0, -float("inf"), 10**400, 1e39, 1e300, 1.5],
+        ids=["inf", "nan", "-1", "-inf", "huge_int", "1e39", "1e300", "1.5"],
     )
     def test_bad_eps(self, eps):
-        with pytest.raises(ValueError, match=rf"`eps` must be a finite non-negative float\. Received: eps={eps}$"):
+        with pytest.raises(ValueError, match=rf"`eps` must be a non-negative float of at most 1\. Received: eps={re.escape(repr(eps))}$"):
             PerformerAttention(num_heads=2, key_dim=4, eps=eps)
+
+    def test_numpy_numbers_are_taken_as_python_numbers(self):
+        # Before: refused with messages that printed a valid-looking value ("num_random_features=8").
+        layer = PerformerAttention(
+            num_heads=2, key_dim=4, num_random_features=np.int64(8), eps=np.float32(1e-6), dropout=np.float32(0.1)
+        )
+        config = layer.get_config()
+        assert type(config["num_random_features"]) is int and config["num_random_features"] == 8
+        assert type(config["eps"]) is float and type(config["dropout"]) is float
 
 
 def test_docstring_examples():

@@ -142,6 +142,55 @@ class TestResidualCell(TestCase):
         with pytest.raises(ValueError, match="channels.*even"):
             ResidualCell("up")(images(0, (1, 4, 4, 3)))
 
+    @pytest.mark.parametrize(
+        "kwargs",
+        # Before: accepted, then failing at call (naming `attention` or `seed`),
+        # giving NaN (bn_epsilon), or switching synchronised batch norm on ("no").
+        [
+            {"nonlocal_key_dim": 2, "seed": -1},
+            {"nonlocal_key_dim": 2, "nonlocal_attention": "bogus"},
+            {"nonlocal_key_dim": True},
+            {"nonlocal_num_random_features": 0},
+            {"synchronized_batch_norm": "no"},
+            {"residual_scale": "0.1"},
+            {"residual_scale": float("nan")},
+            {"bn_epsilon": -1.0},
+            {"bn_momentum": 2.0},
+        ],
+    )
+    def test_bad_arguments_are_named_at_construction(self, kwargs):
+        (name, value), = [item for item in kwargs.items() if item[0] != "nonlocal_key_dim"] or kwargs.items()
+        with pytest.raises(ValueError, match=rf"`{name}` must .*Received: {name}={value!r}"):
+            ResidualCell(**kwargs)
+
+    @pytest.mark.parametrize("scale", ["same", "down", "up"])
+    def test_unknown_height_and_width(self, scale):
+        # Before: "down" and "up" failed to build on (None, None, C) inputs, and
+        # an "up" cell kept the resize matrices of the size it was built at.
+        cell = ResidualCell(scale)
+        symbolic = cell(keras.Input((None, None, 4)))
+        assert tuple(symbolic.shape) == cell.compute_output_shape((None, None, None, 4))
+        x = images(9, (2, 4, 6, 4))
+        randomise(cell, seed=3)
+        twin = ResidualCell(scale)
+        twin(x)
+        twin.set_weights(cell.get_weights())
+        self.assertAllClose(cell(x, training=False), twin(x, training=False), atol=1e-6, rtol=1e-6)
+        expected = np_residual_cell(cell, x.astype("float64"))
+        self.assertAllClose(cell(x, training=False), expected, atol=2e-4, rtol=2e-4)
+
+    def test_unseeded_non_local_cell_keeps_its_features_through_its_config(self):
+        # Before: `seed=None` stayed in the config, so a reloaded cell's blocks drew new features.
+        x = images(5)
+        cell = ResidualCell(nonlocal_key_dim=2, nonlocal_attention="performer", nonlocal_num_random_features=8)
+        assert isinstance(cell.get_config()["seed"], int)
+        cell(x)
+        randomise(cell, seed=4)
+        reloaded = ResidualCell.from_config(cell.get_config())
+        reloaded(x)
+        reloaded.set_weights(cell.get_weights())
+        self.assertAllClose(cell(x, training=False), reloaded(x, training=False), atol=1e-6, rtol=1e-6)
+
     def test_nearest_upsample_and_its_gradient_match_numpy(self):
         # Each pixel repeated 2x2; its gradient the sum over each 2x2 block
         # (torch uses its own interpolation kernel, the others a broadcast).

@@ -20,6 +20,11 @@ class TestWeightNormConv2D(TestCase):
             expected_num_trainable_weights=3,
         )
 
+    def test_use_bias_must_be_a_bool(self):
+        # Before: "no" was truthy and created a bias.
+        with pytest.raises(ValueError, match=r"`use_bias` must be a bool. Received: use_bias='no'"):
+            WeightNormConv2D(4, 3, use_bias="no")
+
     @pytest.mark.parametrize(
         "size,kernel_size,strides,padding",
         [(5, 3, 1, "valid"), (5, 3, 1, "same"), (6, 3, 2, "same"), (7, 3, 2, "same"), (8, 1, 2, "same"), (7, 3, 2, "valid")],

@@ -1,6 +1,7 @@
 """FAVOR+ ops against NumPy references: exact attention, explicit kernel matrices, chi(d)."""
 
 import doctest
+import re
 
 import keras
 import numpy as np
@@ -162,6 +163,7 @@ class TestOrthogonalRandomFeatures(TestCase):
             ({"num_features": 0, "dim": 4}, "num_features=0"),
             ({"num_features": 4, "dim": -1}, "dim=-1"),
             ({"num_features": 4, "dim": 4, "scaling": "gauss"}, "scaling='gauss'"),
+            ({"num_features": 4, "dim": 2, "seed": -1}, "`seed` must be a non-negative int.*seed=-1"),
         ],
     )
     def test_bad_arguments(self, kwargs, name):
@@ -214,6 +216,13 @@ class TestFavorFeatureMap(TestCase):
             favor_feature_map(q, w, eps=-1)
         with pytest.raises(ValueError, match="scale=0"):
             favor_feature_map(q, w, scale=0)
+        # Before: accepted, giving NaN attention (inf in float32).
+        for eps in (float("inf"), 1e39, 2.0):
+            with pytest.raises(ValueError, match=rf"`eps` must be a non-negative float of at most 1.*eps={re.escape(repr(eps))}"):
+                favor_attention(q, q, q, w, eps=eps)
+        # Before: a backend's matmul error naming no argument.
+        with pytest.raises(ValueError, match=r"`random_features` must have one column per channel.*\(8\).*shape=\(16, 3\)"):
+            favor_attention(q, q, q, orthogonal_random_features(16, 3, seed=0))
 
 
 class TestFavorAttention(TestCase):
