@@ -215,6 +215,28 @@ def check_temperature(value, name="temperature"):
     return number
 
 
+def check_finite_outputs(arrays, what, cause="the model's weights are probably not finite (a diverged run)"):
+    """Returns `arrays` (one array or a list, images on the first axis) if all finite, else raises.
+
+    Never a silently black image, an empty bar or a NaN figure.
+
+    Example:
+
+    >>> check_finite_outputs(np.array([[0.5], [np.nan]]), "reconstructions")
+    Traceback (most recent call last):
+    ...
+    FloatingPointError: 1 of the 2 reconstructions hold non-finite values: the model's weights are probably not finite (a diverged run).
+    """
+    parts = arrays if isinstance(arrays, (list, tuple)) else [arrays]
+    count = len(parts[0])
+    bad = np.zeros(count, bool)
+    for part in parts:
+        bad |= ~np.isfinite(np.asarray(part, np.float64).reshape(count, -1)).all(axis=1)
+    if bad.any():
+        raise FloatingPointError(f"{int(bad.sum())} of the {count} {what} hold non-finite values: {cause}.")
+    return arrays
+
+
 def to_numpy(value):
     """What the inference methods return: NumPy arrays (lists of them stay lists).
 

@@ -30,6 +30,7 @@ import numpy as np
 from keras import ops
 
 from keras_avae import inference_passes
+from keras_avae._validation import check_finite_outputs
 from keras_avae._validation import check_positive_int
 from keras_avae._validation import to_numpy
 from keras_avae.keras_compat import nested_layers
@@ -82,7 +83,8 @@ def kl_per_layer(model, x, batch_size=100):
     """
     x = _checked(model, x, hierarchical=False)
     kls = inference_passes.inference_pass(model, "kl_per_layer", lambda b: model(b, training=False)["kl_per_layer"])
-    return np.concatenate([to_numpy(kls(ops.convert_to_tensor(b))) for b in _batches(x, batch_size)]).astype(np.float32)
+    kl = np.concatenate([to_numpy(kls(ops.convert_to_tensor(b))) for b in _batches(x, batch_size)]).astype(np.float32)
+    return check_finite_outputs(kl, "images' KL terms")
 
 
 def active_units(model, x, threshold=0.01, num_samples=8, batch_size=100):

@@ -258,7 +258,7 @@ def test_train_evaluate_sample_end_to_end(tmp_path, capsys):
     png.unlink()
     status, _, err = run_main(sample + ["--temperature", "1e39"] + sets(TINY_SETS), capsys)
     assert status == 2
-    assert_one_line_error(err, "FloatingPointError", "2 of the 2 samples hold non-finite pixels at temperature=1e+39")
+    assert_one_line_error(err, "FloatingPointError", "2 of the 2 samples hold non-finite values: at temperature=1e+39")
     assert not png.exists()
     # Weights loaded into a model its run did not train (same shapes, other
     # FAVOR+ features here) are refused, with the --set that loads them as trained.

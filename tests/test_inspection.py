@@ -237,6 +237,21 @@ def test_readjusted_batch_norm_averages_batch_statistics_and_restores_them():
     assert all(n.momentum == model.bn_momentum for n in norms)
 
 
+def test_readjusted_batch_norm_passes_draw_no_log_scale_noise():
+    # Before: only the model's copy of `log_scale_noise` was zeroed; the cells
+    # kept theirs, so the passes of a noisy model added noise to the statistics.
+    noisy, quiet = tiny_model(log_scale_noise=0.5), tiny_model(log_scale_noise=0.0)
+    randomize_gates(noisy)
+    quiet.set_weights(noisy.get_weights())
+    readjusted = []
+    for model in (noisy, quiet):
+        with readjusted_batch_norm(model, temperature=0.6, steps=2, batch_size=8):
+            readjusted.append([to_numpy(n.moving_mean) for n in batch_norm_layers(model)])
+    for a, b in zip(*readjusted):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert all(cell.log_scale_noise == 0.5 for cell in noisy.prior_cells + noisy.posterior_cells)
+
+
 @pytest.mark.parametrize("frozen", [False, True])
 def test_sample_with_readjusted_batch_norm(frozen):
     model = tiny_model()

@@ -243,6 +243,13 @@ def read_csv_columns(path):
     return {key: [float(r[key]) if r[key] != "" else None for r in rows] for key in rows[0]}
 
 
+def test_a_history_row_cut_inside_its_last_field_is_not_read(tmp_path):
+    # Before: it had the header's field count, so "3,...,3" was drawn as epoch 3's 3.0 nats.
+    (tmp_path / "history.csv").write_text(HISTORY + "3,0.3,9.0,3.0,3.0,3.0,30.0,42.0,3")
+    history = read_history(tmp_path)
+    assert history["epoch"] == [1, 2] and history["reconstruction"] == [39.5, 35.5]
+
+
 def test_training_curves_are_the_history_csv(written):
     drawn = numbers(written, "training_curves")
     expected = read_csv_columns(written["run_dir"] / "history.csv")
@@ -346,7 +353,26 @@ def test_discrete_vae_and_bad_arguments_are_refused(tmp_path):
         write_report(model, x[:1], tmp_path)
     with pytest.raises(ValueError, match=r"images"):
         write_report(model, x * 2, tmp_path)
+    # Before: a TypeError naming nothing, and float or bool pixels truncated to ints.
+    with pytest.raises(ValueError, match=r"`temperatures` must be a list of temperatures. Received: temperatures=0.5"):
+        write_report(model, x, tmp_path, temperatures=0.5)
+    for pixels in ([(6.7, 3.9)], [(True, 3)], [(1, 2, 3)]):
+        with pytest.raises(ValueError, match=r"`query_pixels` must be \(row, col\) pairs of ints"):
+            write_report(model, x, tmp_path, query_pixels=pixels)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_rerun_stopped_part_way_leaves_no_earlier_page(tmp_path, monkeypatch):
+    # Before: the earlier report's page stayed, beside some of this run's figures.
+    (tmp_path / "index.html").write_text("<html>an earlier model's report</html>")
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(figures, "depthwise_attention", stop)
+    with pytest.raises(KeyboardInterrupt):
+        write_report(tiny_model(), shapes_batch(4), tmp_path, seed=np.int64(3), progress=False)
+    assert (tmp_path / "kl_per_layer.json").exists() and not (tmp_path / "index.html").exists()
 
 
 def test_jsonable_is_strict_json_with_exact_float32():

@@ -312,6 +312,14 @@ def test_history_rows_and_resumed_progress_bar_count_epochs_from_one(tmp_path, c
         rows = list(csv.DictReader(f))
     assert [r["epoch"] for r in rows] == ["1", "2", "3"] and set(rows[0]) == {"epoch", "loss"}
     assert all(math.isfinite(float(r["loss"])) for r in rows)
+    # Before: a row cut inside its last field has the header's field count and was kept.
+    full = path.read_text()
+    path.write_text(full + "4,0.12")  # "4,0.1234": the write stopped two digits short
+    training.run_folder._truncate_history(path, 4)
+    assert path.read_text() == full
+    path.write_text("epoch,lo")  # a header cut short: the logger writes it again
+    training.run_folder._truncate_history(path, 1)
+    assert path.read_text() == ""
 
     capsys.readouterr()
     model.fit(x, y, epochs=3, initial_epoch=2, verbose=2, callbacks=[training.callbacks._RunProgressBar(8)])

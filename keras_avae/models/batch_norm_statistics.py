@@ -78,15 +78,19 @@ def readjusted_batch_norm(model, temperature=1.0, steps=20, batch_size=100):
         for norm in norms
     ]
     seed_state = ops.convert_to_numpy(model.seed_generator.state.value)
-    noise = model.log_scale_noise
+    # The cells read their own copy of the model's log-scale noise.
+    noisy = [model] + list(model.prior_cells) + list(model.posterior_cells)
+    noise = [holder.log_scale_noise for holder in noisy]
 
     def restore_settings():
-        model.log_scale_noise = noise
+        for holder, value in zip(noisy, noise):
+            holder.log_scale_noise = value
         for norm, (momentum, trainable, _, _) in zip(norms, saved):
             norm.momentum, norm.trainable = momentum, trainable
 
     try:
-        model.log_scale_noise = 0.0
+        for holder in noisy:
+            holder.log_scale_noise = 0.0
         for norm in norms:
             norm.trainable = True
         try:

@@ -8,6 +8,7 @@ from keras import ops
 from keras_avae._validation import check_bool
 from keras_avae._validation import check_crop
 from keras_avae._validation import check_finite_number
+from keras_avae._validation import check_finite_outputs
 from keras_avae._validation import check_image_shape
 from keras_avae._validation import check_layer_seed
 from keras_avae._validation import check_positive_int
@@ -222,7 +223,8 @@ class DiscreteVAE(ELBOModel):
             inference methods (`log_likelihood`, `sample`, `reconstruct`,
             `encode`) all return NumPy arrays, as `keras.Model.predict` does.
         """
-        return to_numpy(ops.exp(self.bottom_up(self._check_images(x), training=False)))
+        probabilities = to_numpy(ops.exp(self.bottom_up(self._check_images(x), training=False)))
+        return check_finite_outputs(probabilities, "images' posteriors")
 
     def reconstruct(self, x):
         """Bernoulli means of p(x|z) at a posterior draw of z.
@@ -234,7 +236,7 @@ class DiscreteVAE(ELBOModel):
             NumPy float32 array with the shape of `x`.
         """
         z = self._hard_sample(self.bottom_up(self._check_images(x), training=False))
-        return to_numpy(ops.sigmoid(ops.cast(self.decode(z), "float32")))
+        return check_finite_outputs(to_numpy(ops.sigmoid(ops.cast(self.decode(z), "float32"))), "reconstructions")
 
     def sample(self, num_samples):
         """Bernoulli means of p(x|z) for z drawn from the uniform prior.
@@ -247,7 +249,8 @@ class DiscreteVAE(ELBOModel):
         """
         num_samples = check_positive_int(num_samples, "num_samples")
         uniform = ops.zeros((num_samples, self.num_latents, self.num_categories), "float32")
-        return to_numpy(ops.sigmoid(ops.cast(self.decode(self._hard_sample(uniform)), "float32")))
+        images = to_numpy(ops.sigmoid(ops.cast(self.decode(self._hard_sample(uniform)), "float32")))
+        return check_finite_outputs(images, "samples")
 
     def get_config(self):
         config = super().get_config()

@@ -12,6 +12,7 @@ from keras import ops
 
 from keras_avae import inference_passes
 from keras_avae._validation import check_bool
+from keras_avae._validation import check_finite_outputs
 from keras_avae._validation import check_positive_int
 from keras_avae._validation import check_temperature
 from keras_avae._validation import to_numpy
@@ -60,8 +61,10 @@ class HierarchicalInference:
             `sample`, `reconstruct`, `encode`) all return NumPy arrays, as
             `keras.Model.predict` does.
         """
+        check_bool(sample, "sample")
         x = self._check_images(x)
-        return to_numpy(inference_passes.inference_pass(self, "encode", self._encode_pass, (1,))(x, bool(sample)))
+        latents = to_numpy(inference_passes.inference_pass(self, "encode", self._encode_pass, (1,))(x, sample))
+        return check_finite_outputs(latents, "images' latents")
 
     def reconstruct(self, x, mode="mean"):
         """Decodes a posterior sample of each image: the mean (or a sample) of p(x|z).
@@ -76,7 +79,8 @@ class HierarchicalInference:
         if mode not in ("mean", "sample"):
             raise ValueError(f"`mode` must be 'mean' or 'sample'. Received: mode={mode!r}")
         x = self._check_images(x)
-        return to_numpy(inference_passes.inference_pass(self, "reconstruct", self._reconstruct_pass, (1,))(x, mode))
+        images = to_numpy(inference_passes.inference_pass(self, "reconstruct", self._reconstruct_pass, (1,))(x, mode))
+        return check_finite_outputs(images, "reconstructions")
 
     def sample(self, num_samples, temperature=1.0, mode="mean", readjust_batch_norm=False, readjust_steps=20):
         """Draws images from the prior.
@@ -116,15 +120,11 @@ class HierarchicalInference:
         # The temperature is not static: one compiled pass serves every temperature.
         sample = inference_passes.inference_pass(self, "sample", self._sample_pass, (0, 2))
         images = to_numpy(sample(num_samples, float(temperature), mode))
-        bad = int(np.sum(~np.isfinite(images).reshape(num_samples, -1).all(axis=1)))
-        if bad:
-            # Never a silently black or clipped image.
-            raise FloatingPointError(
-                f"{bad} of the {num_samples} samples hold non-finite pixels at temperature={temperature!r}: "
-                "latent noise scaled that far overflows the decoder (1.0 samples the prior); a model whose "
-                "weights are not finite gives them at any temperature."
-            )
-        return images
+        cause = (
+            f"at temperature={temperature!r}, latent noise scaled that far overflows the decoder (1.0 samples the "
+            "prior); a model whose weights are not finite gives them at any temperature"
+        )
+        return check_finite_outputs(images, "samples", cause)
 
     def interpolate(self, x_a, x_b, steps=8, mode="mean"):
         """Images decoded along straight lines between the posterior means of `x_a` and `x_b`.
@@ -158,6 +158,7 @@ class HierarchicalInference:
         ]
         decode = inference_passes.inference_pass(self, "decode", self._decode_pass, (1,))
         images = to_numpy(decode(latents, mode)).reshape((len(x_a), steps) + x_a.shape[1:])
+        check_finite_outputs(images, "interpolations")
         return images[0] if single else images
 
     # === The passes (compiled once per shape on JAX; see `inference_passes`) ===

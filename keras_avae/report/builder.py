@@ -19,6 +19,7 @@ from keras import ops
 from keras_avae._validation import check_images
 from keras_avae._validation import check_positive_int
 from keras_avae._validation import check_temperature
+from keras_avae._validation import is_integer
 from keras_avae.report import figures
 from keras_avae.report import grids
 from keras_avae.report.history import read_history
@@ -86,13 +87,14 @@ def _default_query_pixels(image, crop, pixel_range, count=4):
 
 
 def _check_query_pixels(query_pixels, image_shape):
+    from keras_avae.inspection import _pixel_list
+
     height, width = image_shape[:2]
     pixels = []
-    for q in query_pixels:
-        try:
-            row, col = (int(v) for v in q)
-        except (TypeError, ValueError):
-            raise ValueError(f"`query_pixels` must be (row, col) pairs. Received: query_pixels={query_pixels!r}")
+    listed = _pixel_list(query_pixels)  # float or bool coordinates are refused, not truncated
+    if listed is None or any(len(q) != 2 for q in listed):
+        raise ValueError(f"`query_pixels` must be (row, col) pairs of ints. Received: query_pixels={query_pixels!r}")
+    for row, col in listed:
         if not (0 <= row < height and 0 <= col < width):
             raise ValueError(
                 f"`query_pixels` must lie in the {height}x{width} image. Received: query_pixels={query_pixels!r}"
@@ -126,6 +128,8 @@ def _checked_arguments(model, images, temperatures, counts, seed, query_pixels):
             f"`images` must hold at least 2 images (active units are a variance over images). "
             f"Received: images.shape={x.shape}"
         )
+    if not isinstance(temperatures, (list, tuple, np.ndarray)):
+        raise ValueError(f"`temperatures` must be a list of temperatures. Received: temperatures={temperatures!r}")
     temperatures = [check_temperature(t, "temperatures") for t in temperatures]
     if not temperatures:
         raise ValueError("`temperatures` must hold at least one temperature. Received: temperatures=()")
@@ -138,8 +142,9 @@ def _checked_arguments(model, images, temperatures, counts, seed, query_pixels):
     if check_positive_int(interpolation_steps, "interpolation_steps") < 2:
         raise ValueError(f"`interpolation_steps` must be an int >= 2. Received: interpolation_steps={interpolation_steps!r}")
     batch_size = check_positive_int(batch_size, "batch_size")
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**31:
+    if not is_integer(seed) or not 0 <= seed < 2**31:
         raise ValueError(f"`seed` must be an int in [0, 2**31). Received: seed={seed!r}")
+    seed = int(seed)
     if query_pixels is None:
         query_pixels = _default_query_pixels(x[0], model.crop, model.pixel_range)
     counts = (num_samples, num_reconstructions, num_interpolations, interpolation_steps, batch_size)
@@ -257,6 +262,9 @@ def write_report(
     history = read_history(run_dir) if run_dir is not None else None  # a missing file fails first
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # An earlier report's page goes first: a run stopped part-way must not
+    # leave it presenting this model's new figures beside its old ones.
+    (out / "index.html").unlink(missing_ok=True)
 
     crop, pixel_range = model.crop, model.pixel_range
     has_generative = any(cell.attend is not None for cell in model.prior_cells)

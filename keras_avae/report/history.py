@@ -44,7 +44,11 @@ def read_history(run_dir):
             f"RUN_DIR` writes it after the first epoch). Received: run_dir={str(run_dir)!r}"
         )
     with open(path, newline="") as f:
-        rows = [row for row in csv.reader(f) if row]
+        text = f.read()
+    lines = text.splitlines()
+    if not text.endswith("\n"):
+        lines = lines[:-1]  # a row whose write was cut, even inside its last field (same field count)
+    rows = [row for row in csv.reader(lines) if row]
     if not rows or "epoch" not in rows[0]:
         raise ValueError(f"{str(path)!r} has no header with an `epoch` column. Received header: {rows[:1]}")
     header, body = rows[0], rows[1:]

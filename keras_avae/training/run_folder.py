@@ -151,8 +151,13 @@ def _truncate_history(path, epoch):
         return
     with open(path, newline="") as f:
         text = f.read()
-    rows = list(csv.reader(text.splitlines()))
+    lines = text.splitlines()
+    if not text.endswith("\n"):
+        lines = lines[:-1]  # a row whose write was cut (even inside its last field)
+    rows = list(csv.reader(lines))
     if not rows:
+        if text:
+            _write_csv(path, [])  # a cut header: the logger writes it again into an empty file
         return
     header, body = rows[0], rows[1:]
     column = header.index("epoch") if "epoch" in header else None

@@ -45,6 +45,19 @@ def test_bad_constructor_values_name_their_argument(name, value, message):
 
 
 class TestDiscreteVAE(TestCase):
+    def test_non_finite_weights_raise_instead_of_drawing_nan(self):
+        # Before: NaN images came back (`keras-avae sample` drew them black).
+        model = DiscreteVAE(**TINY)
+        x = shapes_batch(3)
+        model(x)
+        model.set_weights([np.full_like(w, np.nan) for w in model.get_weights()])
+        with pytest.raises(FloatingPointError, match=r"3 of the 3 samples hold non-finite values"):
+            model.sample(3)
+        # torch's categorical sampler refuses NaN probabilities itself (RuntimeError).
+        error = RuntimeError if keras.backend.backend() == "torch" else FloatingPointError
+        with pytest.raises(error):
+            model.reconstruct(x)
+
     def test_kl_to_uniform_matches_numpy(self):
         model = DiscreteVAE(**TINY)
         x = shapes_batch(4)

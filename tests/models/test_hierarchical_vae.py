@@ -366,18 +366,32 @@ class TestInferenceInputs(TestCase):
 
     def test_non_finite_samples_raise(self, model):
         # Before: NaN pixels came back (and `keras-avae sample` drew them black).
-        overflow = r"2 of the 2 samples hold non-finite pixels at temperature=1e\+39"
+        overflow = r"2 of the 2 samples hold non-finite values: at temperature=1e\+39"
         with pytest.raises(FloatingPointError, match=overflow):
             model.sample(2, temperature=1e39)  # overflows float32
         saved = model.get_weights()
-        broken = r"3 of the 3 samples hold non-finite pixels at temperature=1\.0"
+        broken = r"3 of the 3 samples hold non-finite values: at temperature=1\.0"
+        x = (np.random.default_rng(0).random((3, 8, 8, 1)) < 0.5).astype("float32")
         try:
             model.set_weights([np.full_like(w, np.nan) for w in saved])
             with pytest.raises(FloatingPointError, match=broken):
                 model.sample(3)
+            # Before: these returned NaN (drawn black by the report and the CLI).
+            diverged = r"3 of the 3 {} hold non-finite values: the model's weights are probably not finite"
+            with pytest.raises(FloatingPointError, match=diverged.format("reconstructions")):
+                model.reconstruct(x)
+            with pytest.raises(FloatingPointError, match=diverged.format("images' latents")):
+                model.encode(x)
+            with pytest.raises(FloatingPointError, match=r"of the 3 images' latents hold non-finite values"):
+                model.interpolate(x, x[::-1], steps=2)
         finally:
             model.set_weights(saved)
         assert np.all(np.isfinite(model.sample(2)))
+
+    def test_encode_sample_must_be_a_bool(self, model):
+        # Before: `sample="no"` was truthy and returned posterior samples.
+        with pytest.raises(ValueError, match=r"`sample` must be a bool. Received: sample='no'"):
+            model.encode(np.zeros((1, 8, 8, 1), "float32"), sample="no")
 
     @pytest.mark.parametrize("num_samples", [0, -3, 2.0, True, None])
     def test_num_samples_must_be_a_positive_int(self, model, num_samples):
