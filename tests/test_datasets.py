@@ -607,6 +607,11 @@ _MIRRORED_SCRIPT = textwrap.dedent(
         np.testing.assert_array_equal(np.concatenate([p.numpy() for p in parts]), plain[step].numpy())
         steps += 1
     assert steps == 5, steps
+    # The sample grids' first images of a distributed dataset: both replicas' parts
+    # (before: none, so a run under a strategy drew no images or reconstructions).
+    from keras_avae.training.run_settings import _first_images
+
+    np.testing.assert_array_equal(_first_images(dist, 6), plain[0].numpy()[:6])
 
     # Shuffled (seed None means 0 under a strategy): every image once per epoch.
     dist = datasets.make_dataset("mnist", "train", data_dir, batch_size=8, binarize=None, strategy=strategy)

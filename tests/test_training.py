@@ -16,6 +16,8 @@ import signal
 import subprocess
 import sys
 import time
+import types
+from unittest import mock
 
 import keras
 import numpy as np
@@ -482,6 +484,12 @@ def test_make_strategy_arguments():
         return
     import tensorflow as tf
 
+    # Before: "auto" with TF_CONFIG became a 1-replica multi-worker strategy, the split ignored.
+    tf_config = '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}'
+    with mock.patch.dict(os.environ, {"TF_CONFIG": tf_config}):
+        for kind in ("auto", "multi-worker"):
+            with pytest.raises(ValueError, match=rf"one CPU device per worker.*kind='{kind}'.*cpu_devices=2"):
+                training.make_strategy(kind, cpu_devices=2)
     tf.constant(1.0)  # TensorFlow is initialised from here on
     existing = len(tf.config.list_logical_devices("CPU"))
     with pytest.raises(RuntimeError, match="before anything creates a TensorFlow"):
@@ -654,7 +662,7 @@ def test_batches_that_do_not_split_over_the_replicas_are_refused():
     x = np.zeros((21, 8, 8, 1), "float32")
     with pytest.raises(ValueError, match=r"split evenly over the 2 devices. Received: batch_size=7"):
         check(x, 7, 2, None)
-    with pytest.raises(ValueError, match=r"last batch of 5 images.*Received: 21 images, batch_size=8"):
+    with pytest.raises(ValueError, match=r"last batch of 5 images.*Received: dataset of 21 images, batch_size=8"):
         check(x, 8, 2, None)
     batches = tf.data.Dataset.from_tensor_slices(x)
     with pytest.raises(ValueError, match=r"drop_remainder=True.*Received: dataset batches of unknown size"):
@@ -663,6 +671,37 @@ def test_batches_that_do_not_split_over_the_replicas_are_refused():
         check(batches.batch(6, drop_remainder=True), 8, 4, None)
     check(batches.batch(8, drop_remainder=True), 8, 2, None)
     check(x[:16], 8, 2, None)
+
+
+@tf_only
+def test_run_settings_under_two_replicas(tmp_path):
+    import tensorflow as tf
+
+    # A stand-in for a 2-replica tf.distribute strategy: what `_resolve_run` reads of one.
+    two = types.SimpleNamespace(num_replicas_in_sync=2, extended=types.SimpleNamespace(should_checkpoint=True))
+    x = np.zeros((16, 8, 8, 1), "float32")
+    batches = tf.data.Dataset.from_tensor_slices(x).batch(8, drop_remainder=True)
+
+    def resolve(dataset=batches, batch_size=None, validation_data=None, strategy=two, **recipe):
+        return training.run_settings._resolve_run(
+            "mnist-baseline", dataset, tmp_path, 1, None, strategy, batch_size, recipe, None, validation_data
+        )
+
+    # Before: the recipe's 32 per replica x 2 was recorded for a dataset of batches of 8
+    # (and a resume with another device count was refused for it).
+    assert resolve().batch_size == 8 and resolve(strategy=None).batch_size == 8
+    with pytest.raises(ValueError, match=r"batches of 8 images.*Received: batch_size=16"):
+        resolve(batch_size=16)
+    # Before: validation data was not checked; its last batch of 1 failed in `fit` after an epoch.
+    with pytest.raises(ValueError, match=r"last batch of 1 images.*Received: validation_data of 9 images"):
+        resolve(validation_data=x[:9])
+    with pytest.raises(ValueError, match=r"`validation_data` must split evenly.*unknown size"):
+        resolve(validation_data=tf.data.Dataset.from_tensor_slices(x[:9]).batch(8))
+    resolve(validation_data=(x[:10],))
+    # Before: each replica clipped its part of the gradient.
+    with pytest.raises(ValueError, match=r"`global_clipnorm` under a multi-replica.*global_clipnorm=1.0, 2 replicas"):
+        resolve(global_clipnorm=1.0)
+    assert resolve(strategy=None, global_clipnorm=1.0).recipe["global_clipnorm"] == 1.0
 
 
 @tf_only

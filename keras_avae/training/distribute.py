@@ -108,10 +108,14 @@ def make_strategy(kind="auto", cpu_devices=None, *, coordinator_address=None, nu
         return None
     import tensorflow as tf
 
-    if kind == "multi-worker" and (cpu_devices or 1) > 1:
+    # `auto` with TF_CONFIG is multi-worker: resolved before the check below,
+    # which it would otherwise pass and then ignore the CPU split.
+    workers = kind == "multi-worker" or (kind == "auto" and os.environ.get("TF_CONFIG"))
+    if workers and (cpu_devices or 1) > 1:
         raise ValueError(
             "MultiWorkerMirroredStrategy uses one CPU device per worker; start more workers instead. "
-            f"Received: kind='multi-worker', cpu_devices={cpu_devices}"
+            f"Received: kind={kind!r} (TF_CONFIG {'set' if os.environ.get('TF_CONFIG') else 'unset'}), "
+            f"cpu_devices={cpu_devices}"
         )
     if cpu_devices is not None:
         split_cpu(cpu_devices)

@@ -28,14 +28,26 @@ def _first_images(data, n):
         data = data[0]
     if isinstance(data, np.ndarray) or hasattr(data, "__array__") and not hasattr(data, "take"):
         return np.asarray(data[:n])
-    if hasattr(data, "take"):  # tf.data.Dataset
-        batch = next(iter(data.take(1)))
+    if hasattr(data, "take") or hasattr(data, "element_spec"):  # a tf.data.Dataset or a distributed one
+        batch = next(iter(data.take(1) if hasattr(data, "take") else data))
         if isinstance(batch, (tuple, list)):
             batch = batch[0]
         if isinstance(batch, dict):
             batch = next(iter(batch.values()))
+        # A distributed dataset's batch holds one part per replica (`PerReplica.values`).
+        parts = getattr(batch, "values", None)
+        if isinstance(parts, tuple):
+            batch = np.concatenate([np.asarray(part) for part in parts])
         return np.asarray(batch)[:n]
     return None
+
+
+def _dataset_batch_size(dataset):
+    """The fixed batch size of a `tf.data.Dataset`, or `None` (not a dataset, or batches of varying size)."""
+    if not (hasattr(dataset, "element_spec") and callable(getattr(dataset, "cardinality", None))):
+        return None
+    shape = keras.tree.flatten(dataset.element_spec)[0].shape
+    return shape[0] if shape.rank else None
 
 
 def _cardinality(dataset):
@@ -98,7 +110,16 @@ class _Run:
 
 
 def _resolve_run(
-    model, dataset, output_dir, epochs, steps_per_epoch, strategy, batch_size, recipe_overrides, data_info=None
+    model,
+    dataset,
+    output_dir,
+    epochs,
+    steps_per_epoch,
+    strategy,
+    batch_size,
+    recipe_overrides,
+    data_info=None,
+    validation_data=None,
 ):
     """The run's recipe, length and global batch; makes the run folder (chief only)."""
     output_dir = pathlib.Path(output_dir)
@@ -107,12 +128,29 @@ def _resolve_run(
     epochs = _positive_int("epochs", recipe["epochs"] if epochs is None else epochs)
     replicas = num_replicas(strategy)
     chief = is_chief(strategy)
+    batched = _dataset_batch_size(dataset)
     if batch_size is None:
-        batch_size = recipe["batch_size_per_replica"] * replicas
+        # A dataset's own batch is the run's global batch (recorded, and compared on resume).
+        batch_size = batched or recipe["batch_size_per_replica"] * replicas
     batch_size = _positive_int("batch_size", batch_size)
+    if batched is not None and batched != batch_size:
+        raise ValueError(
+            f"The dataset yields batches of {batched} images, so the global batch is {batched}. Pass "
+            f"batch_size={batched} (or None), or batch the dataset by {batch_size}. Received: batch_size={batch_size}"
+        )
     steps_per_epoch = _infer_steps_per_epoch(dataset, steps_per_epoch, batch_size)
     if replicas > 1 or _is_data_parallel(strategy):
         _check_replica_input(dataset, batch_size, replicas, strategy)
+        if validation_data is not None:
+            # Else a last validation batch that cannot split fails in `fit` after a whole epoch.
+            _check_replica_input(validation_data, batch_size, replicas, strategy, "validation_data")
+    if recipe["global_clipnorm"] is not None and replicas > 1 and keras.backend.backend() == "tensorflow":
+        raise ValueError(
+            "`global_clipnorm` under a multi-replica tf.distribute strategy would clip each replica's part of "
+            "the gradient before they are summed (a threshold up to the replica count larger, and another "
+            "step than on one device). Train on one device, or on JAX's keras.distribution, which clips the "
+            f"global gradient. Received: global_clipnorm={recipe['global_clipnorm']}, {replicas} replicas"
+        )
     if chief:
         output_dir.mkdir(parents=True, exist_ok=True)
     if data_info is not None and not isinstance(data_info, dict):
@@ -120,17 +158,19 @@ def _resolve_run(
     return _Run(output_dir, name, recipe, epochs, steps_per_epoch, batch_size, replicas, chief, data_info)
 
 
-def _check_replica_input(dataset, batch_size, replicas, strategy):
+def _check_replica_input(dataset, batch_size, replicas, strategy, argument="dataset"):
     """Refuses input whose batches do not split evenly over the replicas.
 
     `tf.distribute` takes each replica's mean loss over its share and weighs
     the replicas equally, so a batch split 3 + 2 weighs images unequally
     without an error; JAX's `DataParallel` cannot split it at all.
     """
+    if isinstance(dataset, (tuple, list)) and dataset:
+        dataset = dataset[0]  # `validation_data=(x,)` or `(x, y)`
     if _is_data_parallel(strategy) and strategy.num_processes > 1 and not hasattr(dataset, "element_spec"):
         raise ValueError(
             "Several processes need a tf.data.Dataset of global batches (each process reads its share; "
-            "`datasets.make_dataset` makes one). Received: dataset of type "
+            f"`datasets.make_dataset` makes one). Received: {argument} of type "
             f"{type(dataset).__name__}"
         )
     if batch_size % replicas:
@@ -140,8 +180,8 @@ def _check_replica_input(dataset, batch_size, replicas, strategy):
     if isinstance(dataset, np.ndarray) and len(dataset) % batch_size % replicas:
         raise ValueError(
             f"The last batch of {len(dataset) % batch_size} images cannot be split over the {replicas} devices; "
-            f"use a number of images that is a multiple of {replicas}. Received: {len(dataset)} images, "
-            f"batch_size={batch_size}"
+            f"use a number of images that is a multiple of {replicas}. Received: {argument} of {len(dataset)} "
+            f"images, batch_size={batch_size}"
         )
     if hasattr(dataset, "element_spec") and callable(getattr(dataset, "cardinality", None)):
         # A tf.data.Dataset (a distributed one is split already): its batch
@@ -149,7 +189,7 @@ def _check_replica_input(dataset, batch_size, replicas, strategy):
         size = keras.tree.flatten(dataset.element_spec)[0].shape[0]
         if size is None or size % replicas:
             raise ValueError(
-                f"Every batch of the dataset must split evenly over the {replicas} devices: batch it into a "
+                f"Every batch of `{argument}` must split evenly over the {replicas} devices: batch it into a "
                 f"multiple of {replicas} images with `drop_remainder=True` (or use `datasets.make_dataset`). "
-                f"Received: dataset batches of {'unknown size' if size is None else size} images"
+                f"Received: {argument} batches of {'unknown size' if size is None else size} images"
             )

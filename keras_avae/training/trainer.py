@@ -380,7 +380,8 @@ def train(
         validation_data: optional held-out images (dataset or array).
         validation_steps: steps of validation per epoch.
         batch_size: global batch for array inputs; defaults to the recipe's
-            `batch_size_per_replica` times the replicas.
+            `batch_size_per_replica` times the replicas. A `tf.data.Dataset`
+            of fixed-size batches sets it (another value is refused).
         config_overrides: architecture overrides for a zoo name.
         save_freq: `"epoch"` or an int: checkpoint every N steps (and at
             every epoch end).
@@ -436,7 +437,16 @@ def train(
     if stream is not None:
         dataset = stream(0)
     run = _resolve_run(
-        model, dataset, output_dir, epochs, steps_per_epoch, strategy, batch_size, recipe_overrides, data_info
+        model,
+        dataset,
+        output_dir,
+        epochs,
+        steps_per_epoch,
+        strategy,
+        batch_size,
+        recipe_overrides,
+        data_info,
+        validation_data,
     )
     if seed is not None:
         _make_reproducible(seed, deterministic)
