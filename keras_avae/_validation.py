@@ -143,7 +143,8 @@ def check_finite_number(value, name, condition, wanted):
     ValueError: `l2` must be a finite number >= 0. Received: l2=1000...
     """
     if not (is_finite_real(value) and condition(value)):
-        raise ValueError(f"`{name}` must be a finite number {wanted}. Received: {name}={value!r}")
+        wanted = f" {wanted}" if wanted else ""
+        raise ValueError(f"`{name}` must be a finite number{wanted}. Received: {name}={value!r}")
 
 
 def is_finite_real(value):

@@ -22,6 +22,7 @@ import numpy as np
 from keras import ops
 
 from keras_avae import inference_passes
+from keras_avae._validation import check_finite_outputs
 from keras_avae._validation import check_images
 from keras_avae._validation import check_positive_int
 from keras_avae._validation import concrete_numpy
@@ -71,7 +72,7 @@ def importance_sampled_log_likelihood(model, x, num_samples=100, chunk_size=None
         chunk_size = check_positive_int(chunk_size, "chunk_size")
     x = _checked_images(model, x, "x")
     plan = _pass_plan(model, int(x.shape[0]), num_samples, chunk_size)
-    return _estimate(model, x, num_samples, plan)
+    return check_finite_outputs(_estimate(model, x, num_samples, plan), "images' log-likelihoods")
 
 
 def _estimate(model, x, num_samples, plan):

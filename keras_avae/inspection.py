@@ -200,6 +200,7 @@ def depthwise_attention(model, x, batch_size=100):
     out = {}
     for kind in kinds:
         per_pixel = [np.concatenate(parts) if parts else None for parts in collected[kind]]
+        check_finite_outputs([w for w in per_pixel if w is not None], f"images' {kind} attention weights")
         matrix = np.zeros((L, L if kind == "generative" else L + 1), np.float32)
         for layer, weights in enumerate(per_pixel):
             if weights is not None:
@@ -294,7 +295,9 @@ def nonlocal_attention(model, x, query_pixels, batch_size=100):
         for path, block in blocks.items():
             h_b, w_b = inputs[path].shape[1:3]
             positions[path] = [(r * h_b // height, c * w_b // width) for r, c in pixels]
-            maps[path].append(to_numpy(block.attention_map(inputs[path], positions[path])))
+            maps[path].append(
+                check_finite_outputs(to_numpy(block.attention_map(inputs[path], positions[path])), "attention maps")
+            )
     return {
         path: {
             "query_pixels": positions[path],

@@ -85,9 +85,11 @@ def test_unknown_name_is_one_line_status_2(tmp_path, capsys):
         (["evaluate", "mnist-baseline", "--weights", "w", "--data-dir", "d", "--seed", "-1"], "[0, 2**20)"),
         (["evaluate", "mnist-baseline", "--weights", "w", "--data-dir", "d", "--seed", "1048576"], "'1048576'"),
         (["evaluate", "mnist-baseline", "--weights", "w", "--data-dir", "d", "--chunk-size", "0"], "'0'"),
-        (["train", "mnist-baseline", "--data-dir", "d", "--output", "o", "--seed", "4294967296"], "[0, 2**32)"),
+        # The model's seed too: up to 2**31 - 2 (it failed after the images were read and hashed).
+        (["train", "mnist-baseline", "--data-dir", "d", "--output", "o", "--seed", "2147483647"], "[0, 2**31 - 1)"),
         (["sample", "mnist-baseline", "--weights", "w", "--out", "o.png", "--seed", "2147483647"], "'2147483647'"),
         (["demo", "--seed", "1048576"], "[0, 2**20)"),
+        (["report", "mnist-attentive-small", "--out", "o", "--data-dir", "d", "--seed", "-1"], "[0, 2**31)"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(argv, fragment, capsys):

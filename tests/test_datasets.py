@@ -265,7 +265,11 @@ def test_area_downsample_orientation_and_blocks():
 
 def test_omniglot_105_values_out_of_range_are_refused(tmp_path):
     # Before: one NaN pixel spread through the area average to all 784 pixels of its image.
-    for value, message in ((np.nan, r"'background' holds 1 NaN or infinite values"), (-1.0, r"'background' must hold 0/1 values.*Received: values in \[-1\.0, ")):
+    cases = (
+        (np.nan, r"'background' holds 1 NaN or infinite values"),
+        (-1.0, r"'background' must hold 0/1 values.*Received: values in \[-1\.0, "),
+    )
+    for value, message in cases:
         images = np.zeros((2, 105, 105), np.float32)
         images[1, 50, 50] = value
         np.savez(tmp_path / "omniglot_105.npz", background=images, evaluation=images)

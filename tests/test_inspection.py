@@ -195,6 +195,21 @@ def test_interpolate_ends_at_the_images_and_is_linear_in_latents():
         inspection.interpolate(model, x[:2], x[:3])
 
 
+def test_a_model_with_non_finite_weights_is_named_not_drawn():
+    # Before: NaN KL bars, NaN attention maps, and 0 active units (as if collapsed).
+    model = tiny_model()
+    x = shapes_batch(4)
+    model.set_weights([np.full_like(w, np.nan) for w in model.get_weights()])
+    with pytest.raises(FloatingPointError, match=r"4 of the 4 images' KL terms hold non-finite values"):
+        inspection.kl_per_layer(model, x)
+    with pytest.raises(FloatingPointError, match=r"images' latents hold non-finite values"):
+        inspection.active_units(model, x)  # (each image encoded num_samples times)
+    with pytest.raises(FloatingPointError, match=r"of the 4 images' (generative|inference) attention weights"):
+        inspection.depthwise_attention(model, x)
+    with pytest.raises(FloatingPointError, match=r"4 of the 4 images' log-likelihoods hold non-finite values"):
+        model.log_likelihood(x, num_samples=2)
+
+
 def _record_batch_norm_inputs(norms):
     inputs = {id(n): [] for n in norms}
     for norm in norms:

@@ -687,17 +687,23 @@ def test_run_settings_under_two_replicas(tmp_path):
             "mnist-baseline", dataset, tmp_path, 1, None, strategy, batch_size, recipe, None, validation_data
         )
 
-    # Before: the recipe's 32 per replica x 2 was recorded for a dataset of batches of 8
+    # Before: the recipe's 16 per replica x 2 was recorded for a dataset of batches of 8
     # (and a resume with another device count was refused for it).
     assert resolve().batch_size == 8 and resolve(strategy=None).batch_size == 8
+    assert resolve().batch_from_dataset and not resolve(batch_size=8).batch_from_dataset
+    # A run recorded before (the recipe's number, no marker) still resumes.
+    differences = training.run_folder._differences
+    assert not list(differences({"batch_size": 32}, {"batch_size": 8, "batch_size_from": "dataset"}))
+    assert list(differences({"batch_size": 32}, {"batch_size": 8})) == [("batch_size", 32, 8)]
     with pytest.raises(ValueError, match=r"batches of 8 images.*Received: batch_size=16"):
         resolve(batch_size=16)
     # Before: validation data was not checked; its last batch of 1 failed in `fit` after an epoch.
     with pytest.raises(ValueError, match=r"last batch of 1 images.*Received: validation_data of 9 images"):
         resolve(validation_data=x[:9])
-    with pytest.raises(ValueError, match=r"`validation_data` must split evenly.*unknown size"):
-        resolve(validation_data=tf.data.Dataset.from_tensor_slices(x[:9]).batch(8))
+    with pytest.raises(ValueError, match=r"`validation_data` must split evenly.*batches of 3 images"):
+        resolve(validation_data=tf.data.Dataset.from_tensor_slices(x[:9]).batch(3, drop_remainder=True))
     resolve(validation_data=(x[:10],))
+    resolve(validation_data=tf.data.Dataset.from_tensor_slices(x[:10]).batch(8))  # make_dataset's test split
     # Before: each replica clipped its part of the gradient.
     with pytest.raises(ValueError, match=r"`global_clipnorm` under a multi-replica.*global_clipnorm=1.0, 2 replicas"):
         resolve(global_clipnorm=1.0)

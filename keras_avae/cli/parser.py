@@ -101,7 +101,10 @@ def _add_train_parser(commands, backend):
     train.add_argument("--limit", type=_positive(int), help="use only the first N training images (default: all)")
     train.add_argument("--resize-images", action="store_true", help=_RESIZE_HELP)
     train.add_argument(
-        "--seed", type=_seed_below(2**32, "2**32"), default=0, help="data and initialisation seed, 0 to 2**32 - 1"
+        "--seed",
+        type=_seed_below(2**31 - 1, "2**31 - 1"),
+        default=0,
+        help="data and initialisation seed, 0 to 2**31 - 2",
     )
     train.add_argument(
         "--deterministic",

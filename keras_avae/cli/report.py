@@ -7,6 +7,7 @@ from keras_avae.cli.arguments import UsageError
 from keras_avae.cli.arguments import _DATA_DIR_HELP
 from keras_avae.cli.arguments import _parse_sets
 from keras_avae.cli.arguments import _positive
+from keras_avae.cli.arguments import _seed_below
 from keras_avae.cli.arguments import _RESIZE_HELP
 from keras_avae.cli.arguments import _set_help
 from keras_avae.cli.backend import _import_backend
@@ -33,7 +34,9 @@ def _add_report_parser(commands, backend):
                         help="sampling temperatures (default: 0.6 0.8 1.0)")
     report.add_argument("--num-samples", type=_positive(int), default=25, help="samples per grid")
     report.add_argument("--batch-size", type=_positive(int), default=100, help="images per pass")
-    report.add_argument("--seed", type=int, default=0, help="binarisation and sampling seed")
+    report.add_argument(
+        "--seed", type=_seed_below(2**31, "2**31"), default=0, help="binarisation and sampling seed, 0 to 2**31 - 1"
+    )
     report.add_argument("--set", action="append", metavar="KEY=VALUE", help=_set_help("a model config value"))
 
 

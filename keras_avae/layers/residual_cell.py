@@ -11,6 +11,7 @@ from keras_avae._validation import check_bool
 from keras_avae._validation import check_finite_number
 from keras_avae._validation import check_layer_seed
 from keras_avae._validation import is_int
+from keras_avae._validation import is_integer
 from keras_avae.keras_compat import call_sublayer
 from keras_avae.layers.batch_normalization import BatchNormalization
 from keras_avae.layers.non_local_block import NonLocalBlock
@@ -102,8 +103,11 @@ class ResidualCell(keras.layers.Layer):
             )
         if nonlocal_attention not in _ATTENTIONS:
             raise ValueError(
-                f"`nonlocal_attention` must be one of {_ATTENTIONS}. Received: nonlocal_attention={nonlocal_attention!r}"
+                f"`nonlocal_attention` must be one of {_ATTENTIONS}. "
+                f"Received: nonlocal_attention={nonlocal_attention!r}"
             )
+        if is_integer(nonlocal_num_random_features):
+            nonlocal_num_random_features = int(nonlocal_num_random_features)  # NumPy's too, stored as a Python int
         if not is_int(nonlocal_num_random_features) or nonlocal_num_random_features < 1:
             raise ValueError(
                 "`nonlocal_num_random_features` must be a positive int. "

@@ -54,7 +54,8 @@ def readjusted_batch_norm(model, temperature=1.0, steps=20, batch_size=100):
 
     Args:
         model: a `HierarchicalVAE` (anything with `top_down(batch_size=...,
-            temperature=..., training=...)` and `log_scale_noise`).
+            temperature=..., training=...)`, `log_scale_noise` and the
+            `prior_cells` and `posterior_cells` holding their own copies).
         temperature: finite positive float, the sampling temperature.
         steps: positive int, sampling passes to average over.
         batch_size: positive int, images per pass.

@@ -61,6 +61,7 @@ class HierarchicalInference:
             `sample`, `reconstruct`, `encode`) all return NumPy arrays, as
             `keras.Model.predict` does.
         """
+        sample = bool(sample) if isinstance(sample, np.bool_) else sample
         check_bool(sample, "sample")
         x = self._check_images(x)
         latents = to_numpy(inference_passes.inference_pass(self, "encode", self._encode_pass, (1,))(x, sample))

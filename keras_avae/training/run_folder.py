@@ -127,6 +127,8 @@ def _differences(previous, record):
     for key in _RESUME_KEYS:
         if key not in previous or key not in record:
             continue
+        if key == "batch_size" and record.get("batch_size_from") == "dataset" and "batch_size_from" not in previous:
+            continue  # recorded before a dataset's own batch was: the recipe's number, not the data's
         old, new = _jsonable(previous[key]), _jsonable(record[key])
         if isinstance(old, dict) and isinstance(new, dict):
             for name in sorted(old.keys() & new.keys()):

@@ -107,6 +107,7 @@ class _Run:
     replicas: int
     chief: bool
     data: dict | None = None
+    batch_from_dataset: bool = False  # the global batch is the dataset's own (recorded as such)
 
 
 def _resolve_run(
@@ -129,6 +130,7 @@ def _resolve_run(
     replicas = num_replicas(strategy)
     chief = is_chief(strategy)
     batched = _dataset_batch_size(dataset)
+    from_dataset = batch_size is None and batched is not None
     if batch_size is None:
         # A dataset's own batch is the run's global batch (recorded, and compared on resume).
         batch_size = batched or recipe["batch_size_per_replica"] * replicas
@@ -143,7 +145,8 @@ def _resolve_run(
         _check_replica_input(dataset, batch_size, replicas, strategy)
         if validation_data is not None:
             # Else a last validation batch that cannot split fails in `fit` after a whole epoch.
-            _check_replica_input(validation_data, batch_size, replicas, strategy, "validation_data")
+            # (A dataset of batches of unknown size, such as `make_dataset`'s test split, passes.)
+            _check_replica_input(validation_data, batch_size, replicas, strategy, "validation_data", False)
     if recipe["global_clipnorm"] is not None and replicas > 1 and keras.backend.backend() == "tensorflow":
         raise ValueError(
             "`global_clipnorm` under a multi-replica tf.distribute strategy would clip each replica's part of "
@@ -155,10 +158,10 @@ def _resolve_run(
         output_dir.mkdir(parents=True, exist_ok=True)
     if data_info is not None and not isinstance(data_info, dict):
         raise ValueError(f"`data_info` must be a dict or None. Received: data_info={data_info!r}")
-    return _Run(output_dir, name, recipe, epochs, steps_per_epoch, batch_size, replicas, chief, data_info)
+    return _Run(output_dir, name, recipe, epochs, steps_per_epoch, batch_size, replicas, chief, data_info, from_dataset)
 
 
-def _check_replica_input(dataset, batch_size, replicas, strategy, argument="dataset"):
+def _check_replica_input(dataset, batch_size, replicas, strategy, argument="dataset", unknown_size_fails=True):
     """Refuses input whose batches do not split evenly over the replicas.
 
     `tf.distribute` takes each replica's mean loss over its share and weighs
@@ -187,9 +190,9 @@ def _check_replica_input(dataset, batch_size, replicas, strategy, argument="data
         # A tf.data.Dataset (a distributed one is split already): its batch
         # size must be fixed, or a short last batch may not split.
         size = keras.tree.flatten(dataset.element_spec)[0].shape[0]
-        if size is None or size % replicas:
+        if (size is None and unknown_size_fails) or (size is not None and size % replicas):
             raise ValueError(
                 f"Every batch of `{argument}` must split evenly over the {replicas} devices: batch it into a "
                 f"multiple of {replicas} images with `drop_remainder=True` (or use `datasets.make_dataset`). "
-                f"Received: {argument} batches of {'unknown size' if size is None else size} images"
+                f"Received: {argument} batches of {'unknown size' if size is None else f'{size} images'}"
             )

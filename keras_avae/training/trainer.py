@@ -23,6 +23,7 @@ from keras_avae.training.callbacks import _ResumableGumbelSchedule
 from keras_avae.training.callbacks import _RunProgressBar
 from keras_avae.training.checkpoints import AtomicBackupAndRestore
 from keras_avae.training.compile_modes import compile_mode
+from keras_avae.training.distribute import _is_multi_worker
 from keras_avae.training.distribute import _multi_worker_log_reduction
 from keras_avae.training.distribute import num_replicas
 from keras_avae.training.epoch_means import EpochMeans
@@ -157,6 +158,8 @@ def _run_record(run, model):
     }
     if run.data is not None:
         record["data"] = run.data
+    if run.batch_from_dataset:
+        record["batch_size_from"] = "dataset"
     return record
 
 
@@ -467,6 +470,10 @@ def train(
 
             monitor = NonFiniteMonitor(run.recipe["max_nonfinite_steps"])
             images_from = validation_data if validation_data is not None else dataset
+            if _is_multi_worker(strategy) and hasattr(images_from, "element_spec") and not hasattr(images_from, "take"):
+                # A distributed dataset read by the chief alone would stall the
+                # workers' collectives: the grid shows samples only.
+                images_from = None
             run_callbacks = _make_callbacks(
                 model, run, monitor, backup, images_from, tensorboard, num_images, callbacks
             )

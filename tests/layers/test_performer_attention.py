@@ -558,7 +558,8 @@ class TestPerformerAttention(TestCase):
         ids=["inf", "nan", "-1", "-inf", "huge_int", "1e39", "1e300", "1.5"],
     )
     def test_bad_eps(self, eps):
-        with pytest.raises(ValueError, match=rf"`eps` must be a non-negative float of at most 1\. Received: eps={re.escape(repr(eps))}$"):
+        message = rf"`eps` must be a non-negative float of at most 1\. Received: eps={re.escape(repr(eps))}$"
+        with pytest.raises(ValueError, match=message):
             PerformerAttention(num_heads=2, key_dim=4, eps=eps)
 
     def test_numpy_numbers_are_taken_as_python_numbers(self):

@@ -218,10 +218,12 @@ class TestFavorFeatureMap(TestCase):
             favor_feature_map(q, w, scale=0)
         # Before: accepted, giving NaN attention (inf in float32).
         for eps in (float("inf"), 1e39, 2.0):
-            with pytest.raises(ValueError, match=rf"`eps` must be a non-negative float of at most 1.*eps={re.escape(repr(eps))}"):
+            message = rf"`eps` must be a non-negative float of at most 1.*eps={re.escape(repr(eps))}"
+            with pytest.raises(ValueError, match=message):
                 favor_attention(q, q, q, w, eps=eps)
         # Before: a backend's matmul error naming no argument.
-        with pytest.raises(ValueError, match=r"`random_features` must have one column per channel.*\(8\).*shape=\(16, 3\)"):
+        message = r"`random_features` must have one column per channel.*\(8\).*shape=\(16, 3\)"
+        with pytest.raises(ValueError, match=message):
             favor_attention(q, q, q, orthogonal_random_features(16, 3, seed=0))
 
 
