@@ -79,7 +79,7 @@ def test_train_refuses_what_data_parallel_cannot_split(tmp_path):
     kwargs = dict(strategy=distribution, config_overrides=TINY, verbose=0, tensorboard=False)
     with pytest.raises(ValueError, match="split evenly over the 2 devices. Received: batch_size=7"):
         training.train("mnist-baseline", x, tmp_path / "a", epochs=1, batch_size=7, **kwargs)
-    with pytest.raises(ValueError, match="last batch of 5 images.*Received: 21 images"):
+    with pytest.raises(ValueError, match="last batch of 5 images.*Received: dataset of 21 images"):
         training.train("mnist-baseline", x[:21], tmp_path / "b", epochs=1, batch_size=8, **kwargs)
     # Before: a raw jax IndivisibleError once training reached the short batch.
     import tensorflow as tf
