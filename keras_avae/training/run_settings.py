@@ -189,7 +189,7 @@ def _check_replica_input(dataset, batch_size, replicas, strategy, argument="data
     if hasattr(dataset, "element_spec") and callable(getattr(dataset, "cardinality", None)):
         # A tf.data.Dataset (a distributed one is split already): its batch
         # size must be fixed, or a short last batch may not split.
-        size = keras.tree.flatten(dataset.element_spec)[0].shape[0]
+        size = _dataset_batch_size(dataset)
         if (size is None and unknown_size_fails) or (size is not None and size % replicas):
             raise ValueError(
                 f"Every batch of `{argument}` must split evenly over the {replicas} devices: batch it into a "
