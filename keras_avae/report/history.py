@@ -1,9 +1,10 @@
 """Reading a run folder's `history.csv` (written by `training.HistoryLogger`)."""
 
-import csv
 import math
 import pathlib
 import re
+
+from keras_avae.training.run_folder import _read_whole_csv_rows
 
 HISTORY = "history.csv"
 
@@ -43,12 +44,7 @@ def read_history(run_dir):
             f"No {HISTORY} in the run folder: {str(path)!r} does not exist (`keras-avae train --output "
             f"RUN_DIR` writes it after the first epoch). Received: run_dir={str(run_dir)!r}"
         )
-    with open(path, newline="") as f:
-        text = f.read()
-    lines = text.splitlines()
-    if not text.endswith("\n"):
-        lines = lines[:-1]  # a row whose write was cut, even inside its last field (same field count)
-    rows = [row for row in csv.reader(lines) if row]
+    rows = [row for row in _read_whole_csv_rows(path)[1] if row]
     if not rows or "epoch" not in rows[0]:
         raise ValueError(f"{str(path)!r} has no header with an `epoch` column. Received header: {rows[:1]}")
     header, body = rows[0], rows[1:]

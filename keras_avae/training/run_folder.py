@@ -151,12 +151,7 @@ def _truncate_history(path, epoch):
     path = pathlib.Path(path)
     if not path.exists():
         return
-    with open(path, newline="") as f:
-        text = f.read()
-    lines = text.splitlines()
-    if not text.endswith("\n"):
-        lines = lines[:-1]  # a row whose write was cut (even inside its last field)
-    rows = list(csv.reader(lines))
+    text, rows = _read_whole_csv_rows(path)
     if not rows:
         if text:
             _write_csv(path, [])  # a cut header: the logger writes it again into an empty file
@@ -173,6 +168,20 @@ def _truncate_history(path, epoch):
     if len(kept) == len(body) and text.endswith("\n"):
         return
     _write_csv(path, [header] + kept)
+
+
+def _read_whole_csv_rows(path):
+    """The text of CSV file `path` and the rows of its lines written whole.
+
+    A last line without its newline is a row whose append was cut by a kill,
+    perhaps inside its last field (so a field count cannot tell): dropped.
+    """
+    with open(path, newline="") as f:
+        text = f.read()
+    lines = text.splitlines()
+    if not text.endswith("\n"):
+        lines = lines[:-1]
+    return text, list(csv.reader(lines))
 
 
 def _write_csv(path, rows):
