@@ -728,6 +728,10 @@ def test_two_worker_training_on_localhost(tmp_path, helper):
         assert r["kl_weight"] == pytest.approx(0.1 + 0.9 / 16)
     assert (out / "model.keras").is_file() and (out / "backup" / "checkpoint.json").is_file()
     assert len((out / "history.csv").read_text().strip().splitlines()) == 3
+    # The workers train on a distributed dataset, as the CLI's: before, the chief
+    # alone read a batch of it for the grid, and the workers' collectives then
+    # failed ("Collective instance ... expected type 0 and data_type 1").
+    assert sorted(p.name for p in (out / "samples").iterdir()) == ["epoch_0001.png", "epoch_0002.png"]
 
 
 def history_epochs(out):

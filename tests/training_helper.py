@@ -318,6 +318,11 @@ def train_run(args):
         import tensorflow as tf
 
         data = tf.data.Dataset.from_tensor_slices(data).batch(args.batch, drop_remainder=True)
+    elif args.strategy == "multi-worker":  # TensorFlow workers get what the CLI passes: a distributed dataset
+        import tensorflow as tf
+
+        batches = tf.data.Dataset.from_tensor_slices(data).batch(args.batch, drop_remainder=True)
+        data = strategy.experimental_distribute_dataset(batches)
 
     class CountBatches(keras.callbacks.Callback):
         batches = 0
