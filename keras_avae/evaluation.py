@@ -339,6 +339,9 @@ def score_batches(
         identity = _progress_identity(
             _model_fingerprint(model) if run_info is None else run_info, num_samples, seed, chunk_size
         )
+        from keras_avae.training.atomic_files import _remove_stale_temporaries
+
+        _remove_stale_temporaries(progress_path, pathlib.Path(progress_path).suffix)  # a kill cut a write
         if os.path.exists(progress_path):
             state = _read_progress(progress_path, identity)
     resumed = len(state["log_px"])

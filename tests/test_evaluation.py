@@ -8,6 +8,9 @@ must give exactly the numbers of one uninterrupted run.
 import contextlib
 import json
 import math
+import os
+import subprocess
+import sys
 import warnings
 
 import keras
@@ -142,6 +145,19 @@ def test_corrupt_progress_file_names_the_path(model, tmp_path):
     progress.write_bytes(progress.read_bytes()[:50])
     with pytest.raises(ValueError, match=r"progress_path=.*progress\.npz.* not a readable keras-avae progress file"):
         evaluation.score_batches(model, BATCHES[:1], num_samples=2, progress_path=str(progress))
+
+
+def test_temporaries_of_killed_writes_are_removed(model, tmp_path):
+    # Before: a kill while the progress file was written left `.tmp-PID-progress.npz` for good.
+    progress = tmp_path / "progress.npz"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".tmp-{int(gone.stdout)}-progress.npz"
+    live = tmp_path / f".tmp-{os.getppid()}-progress.npz"  # a write under way in a live process
+    other = tmp_path / f".tmp-{int(gone.stdout)}-other.npz"  # another file's
+    for path in (stale, live, other):
+        path.write_bytes(b"cut")
+    evaluation.score_batches(model, BATCHES[:1], num_samples=2, progress_path=str(progress))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, "progress.npz"])
 
 
 def test_bad_seed_names_the_value(model):

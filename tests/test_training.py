@@ -998,6 +998,31 @@ def test_final_files_older_than_the_checkpoint_are_written_again(tmp_path, monke
     training.train("mnist-baseline", x, out, epochs=2, **kwargs)  # complete and current: nothing rewritten
     assert (out / "model.weights.h5").stat().st_mtime_ns == written
 
+    # Before: final files cut short (a damaged copy) were left as they were, and
+    # the run called finished; a kill during a write left its temporary for good.
+    for name in ("model.keras", "model.weights.h5"):
+        with open(out / name, "r+b") as f:
+            f.truncate(4000)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale, live = out / f".tmp-{int(gone.stdout)}-model.keras", out / f".tmp-{os.getppid()}-model.keras"
+    stale.write_bytes(b"cut"), live.write_bytes(b"being written")
+    training.train("mnist-baseline", x, out, epochs=2, **kwargs)
+    final.load_weights(str(out / "model.weights.h5"))
+    for saved, trained in zip(final.weights, model.weights):
+        np.testing.assert_array_equal(numpy_of(saved), numpy_of(trained))
+    assert keras.saving.load_model(out / "model.keras").count_params() == model.count_params()
+    assert not stale.exists() and live.exists()
+
+    # Before: a run.json that was lost turned every resume check off (and the
+    # feature seed fell back to the default); a damaged one failed unnamed.
+    record = (out / "run.json").read_text()
+    (out / "run.json").unlink()
+    with pytest.raises(ValueError, match=r"holds a checkpoint but no run.json"):
+        training.train("mnist-baseline", x, out, epochs=2, **kwargs)
+    (out / "run.json").write_text(record[: len(record) // 2])
+    with pytest.raises(ValueError, match=r"run.json is not a readable run record \(JSONDecodeError"):
+        training.train("mnist-baseline", x, out, epochs=2, **kwargs)
+
 
 def test_epoch_means_merge_by_steps():
     from keras_avae.training.epoch_means import _merge

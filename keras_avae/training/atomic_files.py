@@ -21,13 +21,43 @@ def _fsync(path):
         os.close(fd)
 
 
+def _temporary_name(path, suffix, pid):
+    return f".tmp-{pid}-{path.name[: -len(suffix)]}{suffix}"
+
+
+def _process_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: alive, another user's
+        return True
+    return True
+
+
+def _remove_stale_temporaries(path, suffix):
+    """Deletes the temporaries of `_atomic_write(path, ...)` whose writer is gone.
+
+    A kill in the middle of a write leaves `.tmp-PID-NAME` beside `path`
+    (as large as the file it was to become); the next run over the same
+    files removes them. A temporary of a live process is kept.
+    """
+    path = pathlib.Path(path)
+    if not path.parent.is_dir():
+        return
+    for tmp in path.parent.glob(f".tmp-*{suffix}"):
+        pid = tmp.name[len(".tmp-") :].split("-", 1)[0]
+        if pid.isdigit() and tmp.name == _temporary_name(path, suffix, pid) and not _process_alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
 def _atomic_write(path, write, suffix):
     """Writes `path` by `write(tmp)` then a rename: readers see old or new, never half.
 
     `suffix` is the extension Keras insists on (the temporary name keeps it).
     """
     path = pathlib.Path(path)
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name[: -len(suffix)]}{suffix}")
+    tmp = path.with_name(_temporary_name(path, suffix, os.getpid()))
     try:
         write(tmp)
         _fsync(tmp)

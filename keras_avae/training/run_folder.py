@@ -89,8 +89,17 @@ def _read_record(path):
     path = pathlib.Path(path)
     if not path.exists():
         return None
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(
+            f"{path} is not a readable run record ({type(error).__name__}: {error}); it was damaged after "
+            "`train` wrote it (its writes are atomic). Restore it from a copy, or use a new output folder."
+        ) from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path} is not a run record: it holds a {type(record).__name__}, not a JSON object.")
+    return record
 
 
 def _check_run_record(path, record, finished_epochs=None):
@@ -106,6 +115,14 @@ def _check_run_record(path, record, finished_epochs=None):
     path = pathlib.Path(path)
     previous = _read_record(path)
     if previous is None:
+        if finished_epochs is not None:
+            # `train` writes run.json before the first checkpoint: without it,
+            # neither the settings nor the FAVOR+ feature seed can be checked.
+            raise ValueError(
+                f"{path.parent} holds a checkpoint but no {path.name}, so a resume cannot check that the "
+                f"settings (and the attention's feature seed) are the checkpoint's. Restore {path.name} "
+                "from a copy of the run folder, or use a new output folder."
+            )
         return
     changes = list(_differences(previous, record))
     if "epochs" in previous and previous["epochs"] != record["epochs"]:

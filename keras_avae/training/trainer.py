@@ -8,13 +8,16 @@ import importlib.util
 import inspect
 import json
 import warnings
+import zipfile
 
+import h5py
 import keras
 import numpy as np
 
 from keras_avae import zoo
 from keras_avae.keras_compat import set_initial_epoch
 from keras_avae.training.atomic_files import _atomic_write
+from keras_avae.training.atomic_files import _remove_stale_temporaries
 from keras_avae.training.atomic_files import _atomic_write_text
 from keras_avae.training.callbacks import KLWarmup
 from keras_avae.training.callbacks import NonFiniteMonitor
@@ -112,6 +115,15 @@ def _build_model(model, strategy, config_overrides, recorded_feature_seed=None):
             )
     return model
 
+
+
+# The run folder's files written by `_atomic_write`, with its suffixes.
+_FOLDER_FILES = (
+    ("model.keras", ".keras"),
+    ("model.weights.h5", ".weights.h5"),
+    ("run.json", ".json"),
+    ("history.csv", ".csv"),
+)
 
 
 def _save_final(model, output_dir, portable):
@@ -460,6 +472,9 @@ def train(
         dataset = dataset.repeat()
     # The chief owns the folder (the other workers only read its checkpoint).
     with _owned(run.output_dir) if run.chief else contextlib.nullcontext(), _StopOnSignal() as stopper:
+        if run.chief:  # what a kill in the middle of a write left
+            for name, suffix in _FOLDER_FILES:
+                _remove_stale_temporaries(run.output_dir / name, suffix)
         # JAX: the model is built and trained under the keras.distribution;
         # the final files are written outside it, by the chief alone.
         with _distribution_scope(strategy):
@@ -506,17 +521,30 @@ def train(
 
 
 def _final_files_stale(output_dir, backup):
-    """Whether `model.keras` / `model.weights.h5` are missing or older than the committed checkpoint.
+    """Whether `model.keras` / `model.weights.h5` are missing, cut short or older than the committed checkpoint.
 
     A kill after the last checkpoint of a longer run (more `epochs`) but
     before its final files leaves the shorter run's; the same call on the
     now complete run writes them again from the checkpoint.
     """
     finals = [output_dir / "model.keras", output_dir / "model.weights.h5"]
-    if not all(path.exists() for path in finals):
+    if not all(_whole_file(path) for path in finals):
         return True
     pointer = backup.backup_dir / backup.POINTER
     return pointer.exists() and min(path.stat().st_mtime_ns for path in finals) < pointer.stat().st_mtime_ns
+
+
+def _whole_file(path):
+    """Whether `path` exists and opens as the archive it should be (a cut copy does not)."""
+    if not path.exists():
+        return False
+    if path.suffix == ".keras":
+        return zipfile.is_zipfile(path)  # the zip directory is at the file's end
+    try:
+        with h5py.File(path, "r"):  # HDF5 checks the file's recorded end
+            return True
+    except OSError:
+        return False
 
 
 def _committed_epoch(backup, default):
