@@ -108,11 +108,39 @@ def random_qkv(seed, batch=2, length=12, heads=2, dim=8, value_dim=5, std=1.0):
     return q, k, v
 
 
+def feature_seed(kind, seed):
+    """An int seed (NumPy draw on the host) or a `SeedGenerator` (a backend draw)."""
+    return seed if kind == "int" else keras.random.SeedGenerator(seed)
+
+
+def documented_features(gaussian, num_features, dim, scaling):
+    """The draw `orthogonal_random_features` documents, from its Gaussians:
+    the first ceil(m/d) d*d numbers fill the blocks, whose unique QR factor
+    with a positive diagonal of R gives d orthonormal rows each; the next
+    m*d numbers give the rows' chi(d) lengths (`"chi"`), else sqrt(d)."""
+    blocks = -(-num_features // dim)
+    size = blocks * dim * dim
+    rows = []
+    for block in gaussian[:size].astype("float64").reshape(blocks, dim, dim):
+        q, r = np.linalg.qr(block)
+        rows.append((q * np.sign(np.diag(r))).T)
+    directions = np.concatenate(rows)[:num_features]
+    if scaling == "chi":
+        norms = np.linalg.norm(gaussian[size:].astype("float64").reshape(num_features, dim), axis=1)
+    else:
+        norms = np.full(num_features, np.sqrt(dim))
+    return directions * norms[:, None]
+
+
+SEED_KINDS = pytest.mark.parametrize("kind", ["int", "generator"])
+
+
 class TestOrthogonalRandomFeatures(TestCase):
+    @SEED_KINDS
     @pytest.mark.parametrize("scaling", ["chi", "sqrt"])
-    def test_blocks_are_orthogonal(self, scaling):
+    def test_blocks_are_orthogonal(self, scaling, kind):
         dim, num_features = 4, 10  # blocks of 4, 4 and 2 rows
-        w = to_numpy(orthogonal_random_features(num_features, dim, seed=3, scaling=scaling))
+        w = to_numpy(orthogonal_random_features(num_features, dim, seed=feature_seed(kind, 3), scaling=scaling))
         assert w.shape == (num_features, dim)
         norms = np.linalg.norm(w, axis=1)
         for start in range(0, num_features, dim):
@@ -124,18 +152,35 @@ class TestOrthogonalRandomFeatures(TestCase):
         else:
             assert np.unique(np.round(norms, 4)).size == num_features
 
-    def test_chi_norms_follow_chi_distribution(self):
+    @SEED_KINDS
+    @pytest.mark.parametrize("scaling", ["chi", "sqrt"])
+    def test_follows_the_documented_draw(self, scaling, kind):
+        # Which Gaussians give the directions and which the lengths: a wrong
+        # split makes lengths depend on directions (rows no longer N(0, I)).
+        num_features, dim = 10, 4
+        total = 3 * dim * dim + (num_features * dim if scaling == "chi" else 0)
+        if kind == "int":
+            gaussian = np.random.default_rng(5).standard_normal(total, dtype=np.float32)
+        else:  # the same stream as a generator seeded alike
+            gaussian = to_numpy(keras.random.normal((total,), seed=keras.random.SeedGenerator(5), dtype="float32"))
+        w = orthogonal_random_features(num_features, dim, seed=feature_seed(kind, 5), scaling=scaling)
+        np.testing.assert_allclose(to_numpy(w), documented_features(gaussian, num_features, dim, scaling), atol=2e-5)
+
+    @SEED_KINDS
+    def test_chi_norms_follow_chi_distribution(self, kind):
         # Kolmogorov-Smirnov against chi(d), significance level 0.001.
         dim = 5
-        w = to_numpy(orthogonal_random_features(2000, dim, seed=0, scaling="chi"))
+        w = to_numpy(orthogonal_random_features(2000, dim, seed=feature_seed(kind, 0), scaling="chi"))
         p_value = scipy.stats.kstest(np.linalg.norm(w, axis=1), scipy.stats.chi(dim).cdf).pvalue
         assert p_value > 1e-3, p_value
 
-    def test_directions_are_isotropic(self):
+    @SEED_KINDS
+    def test_directions_are_isotropic(self, kind):
         # Haar directions: E[u] = 0 and E[u u^T] = I/d. 1000 independent blocks
         # of 4 rows; tolerance 5 standard errors of each entry's mean.
         dim, blocks = 4, 1000
-        w = to_numpy(orthogonal_random_features(blocks * dim, dim, seed=1, scaling="sqrt")) / np.sqrt(dim)
+        w = orthogonal_random_features(blocks * dim, dim, seed=feature_seed(kind, 1), scaling="sqrt")
+        w = to_numpy(w) / np.sqrt(dim)
         per_block_mean = w.reshape(blocks, dim, dim).mean(axis=1)
         mean, stderr = per_block_mean.mean(0), per_block_mean.std(0) / np.sqrt(blocks)
         assert np.all(np.abs(mean) < 5 * stderr + 1e-12), (mean, stderr)
