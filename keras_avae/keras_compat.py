@@ -20,6 +20,8 @@ work with `TESTED_KERAS_VERSION`.
 - `in_stateless_scope`: whether variable writes must go through `assign`.
 - `call_sublayer`: a built sublayer's `call` without `Layer.__call__`'s
   bookkeeping on PyTorch, where nothing of it applies.
+- `portable_compile_config`: a `.keras` file's compile config, freed of
+  what Keras recorded of the backend that saved it.
 """
 
 import contextlib
@@ -55,6 +57,46 @@ def set_initial_epoch(model, epoch):
     3
     """
     model._initial_epoch = epoch
+
+
+def portable_compile_config(config):
+    """A saved compile config that compiles on this backend, whichever saved it.
+
+    Keras records two things of the saving backend in a `.keras` file: the
+    optimizer's class by its module, which on PyTorch is a PyTorch-only
+    class (`keras.src.backend.torch.optimizers.torch_adamax`: loaded on
+    TensorFlow or JAX, `fit` failed with "expected Tensor ... but got
+    ResourceVariable"), and `jit_compile` as resolved there (`"auto"` is
+    True on JAX, which on PyTorch meant a `torch.compile` that failed).
+    Another backend's optimizer module becomes the public
+    `keras.optimizers` (the same class name there is this backend's), and
+    `jit_compile` goes back to `"auto"`, this backend's default.
+
+    Example:
+
+    >>> portable_compile_config({"optimizer": "adamax", "jit_compile": True})
+    {'optimizer': 'adamax', 'jit_compile': 'auto'}
+    """
+    if not isinstance(config, dict):
+        return config
+    config = _public_optimizer_modules(config)
+    if "jit_compile" in config:
+        config["jit_compile"] = "auto"
+    return config
+
+
+def _public_optimizer_modules(value):
+    if isinstance(value, (list, tuple)):
+        return type(value)(_public_optimizer_modules(v) for v in value)
+    if not isinstance(value, dict):
+        return value
+    value = {key: _public_optimizer_modules(v) for key, v in value.items()}
+    module = value.get("module")
+    own = f"keras.src.backend.{keras.backend.backend()}."
+    if isinstance(module, str) and module.startswith("keras.src.backend.") and not module.startswith(own):
+        if ".optimizers." in module and "class_name" in value:
+            value["module"] = "keras.optimizers"
+    return value
 
 
 def nested_layers(layer):

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 only_tensorflow_and_jax = pytest.mark.skipif(
     keras.backend.backend() == "torch",
-    reason="the zoo's VAEs and multi-device training run on the TensorFlow and JAX backends only",
+    reason="multi-device training runs on the TensorFlow and JAX backends only",
 )
 
 only_tensorflow = pytest.mark.skipif(
@@ -36,7 +36,6 @@ EXAMPLES = [
         ["--out", "{tmp}"],
         ["bits/dim", "samples.png", "reconstructions.png"],
         id="zoo_quickstart",
-        marks=only_tensorflow_and_jax,
     ),
     pytest.param(
         "tune_mnist.py",

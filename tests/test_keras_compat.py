@@ -230,3 +230,49 @@ def test_call_sublayer_enters_the_autocast_scope_layer_call_enters():
                 assert keras_compat._skips_call_bookkeeping(layer, (inputs,), {"training": True})
                 got = keras_compat.call_sublayer(layer, inputs, training=True)
                 assert got == layer(inputs, training=True), (policy, autocast, outer)
+
+
+# The optimizer class each backend's Keras records for `"adamax"` (PyTorch's
+# is its own), and the `jit_compile` that JAX's `"auto"` resolves to.
+FOREIGN_COMPILE = {
+    "tensorflow": {"module": "keras.src.backend.torch.optimizers.torch_adamax", "jit_compile": True},
+    "jax": {"module": "keras.src.backend.torch.optimizers.torch_adamax", "jit_compile": False},
+    "torch": {"module": "keras.optimizers", "jit_compile": True},
+}
+
+
+def test_a_model_file_saved_by_another_backend_trains_here(tmp_path):
+    # Before: loaded on TensorFlow or JAX, a file saved on PyTorch rebuilt
+    # PyTorch's Adamax ("expected Tensor ... but got ResourceVariable" in
+    # `fit`); on PyTorch, a file saved on JAX ran `torch.compile`, which failed.
+    import json
+    import zipfile
+
+    from keras_avae.models.hierarchical_vae import HierarchicalVAE
+    from tests.models.test_hierarchical_vae import TINY
+
+    x = (np.random.default_rng(0).random((8, *TINY["image_shape"])) > 0.5).astype("float32")
+    model = HierarchicalVAE(**dict(TINY, num_layers=1))
+    model.compile(optimizer=keras.optimizers.Adamax(1e-3))
+    model.build()
+    model.optimizer.build(model.trainable_variables)
+    model.optimizer.iterations.assign(5)  # a trained model's state, without training it here
+    model.save(tmp_path / "here.keras")
+    with zipfile.ZipFile(tmp_path / "here.keras") as archive:
+        files = {name: archive.read(name) for name in archive.namelist()}
+    config = json.loads(files["config.json"])
+    foreign = FOREIGN_COMPILE[keras.backend.backend()]
+    config["compile_config"]["optimizer"]["module"] = foreign["module"]
+    config["compile_config"]["jit_compile"] = foreign["jit_compile"]
+    files["config.json"] = json.dumps(config).encode()
+    with zipfile.ZipFile(tmp_path / "foreign.keras", "w") as archive:
+        for name, content in files.items():
+            archive.writestr(name, content)
+
+    loaded = keras.saving.load_model(tmp_path / "foreign.keras")
+    assert isinstance(loaded.optimizer, keras.optimizers.Adamax)  # this backend's class
+    assert int(loaded.optimizer.iterations) == 5
+    # Compiled as this backend compiles by default: XLA on JAX, never torch.compile.
+    assert loaded.jit_compile == (keras.backend.backend() == "jax")
+    loss = loaded.fit(x, epochs=1, batch_size=8, verbose=0).history["loss"][0]
+    assert np.isfinite(loss) and int(loaded.optimizer.iterations) == 6

@@ -11,6 +11,7 @@ from keras import ops
 
 from keras_avae import host_memory
 from keras_avae._validation import check_images
+from keras_avae.keras_compat import portable_compile_config
 from keras_avae.evaluation import importance_sampled_log_likelihood
 from keras_avae.models.presets import PresetMixin
 
@@ -84,6 +85,10 @@ class ELBOModel(PresetMixin, keras.Model):
         """`keras.Model.load_weights`, building an unbuilt model first (its `image_shape` is known)."""
         self._build_if_needed()
         return super().load_weights(filepath, *args, **kwargs)
+
+    def compile_from_config(self, config):
+        """`keras.Model.compile_from_config` on a config saved by any backend (`portable_compile_config`)."""
+        super().compile_from_config(portable_compile_config(config))
 
     def make_train_function(self, force=False):
         """Keras' training function, with the optimizer built before it is traced.
