@@ -263,6 +263,8 @@ class NonLocalBlock(keras.layers.Layer):
         """
         if not self.built:
             self.build(tuple(inputs.shape))
+        # As `__call__` casts (a float32 input under "mixed_float16" met float16 kernels).
+        inputs = ops.cast(inputs, self.compute_dtype)
         height, width = inputs.shape[1], inputs.shape[2]
         rows = []
         for position in query_positions:

@@ -1,3 +1,5 @@
+import inspect
+
 import keras
 import numpy as np
 import pytest
@@ -482,6 +484,78 @@ class TestDiscretizedLogisticMixture(TestCase):
         assert dtypes == ["float32", "float32", compute_dtype], dtypes
         # The same (rounded) parameters evaluated in float64 by NumPy.
         self.assertAllClose(log_prob, _numpy_log_prob(to_numpy(dist.params), x).sum(axis=(1, 2)), atol=1e-3)
+
+    @pytest.mark.parametrize(
+        "kwargs",
+        [
+            {
+                "num_mixtures": 2,
+                "num_channels": 1,
+                "num_bins": 256,
+                "kernel_size": 3,
+                "reference_edge_bug": True,
+                "kernel_initializer": "he_uniform",
+                "bias_initializer": "ones",
+                "kernel_regularizer": "l2",
+                "bias_regularizer": "l1",
+            },
+            {
+                "num_mixtures": 3,
+                "num_channels": 3,
+                "num_bins": 16,
+                "kernel_size": (1, 3),
+                "reference_edge_bug": False,
+                "kernel_initializer": "he_uniform",
+                "bias_initializer": "ones",
+                "kernel_regularizer": "l2",
+                "bias_regularizer": "l1",
+            },
+        ],
+        ids=["edge_bug", "num_bins"],
+    )
+    def test_every_argument_survives_the_config_round_trip(self, kwargs):
+        # Protects get_config: an argument missing from it (e.g.
+        # reference_edge_bug) falls back to its default in the revived layer.
+        arguments = set(inspect.signature(DiscretizedLogisticMixture.__init__).parameters) - {"self", "kwargs"}
+        assert set(kwargs) == arguments
+        layer = DiscretizedLogisticMixture(**kwargs)
+        revived = DiscretizedLogisticMixture.from_config(layer.get_config())
+        for name, value in kwargs.items():
+            if name.endswith("_initializer"):
+                assert keras.initializers.serialize(getattr(revived, name)) == keras.initializers.serialize(
+                    keras.initializers.get(value)
+                ), name
+            elif name.endswith("_regularizer"):
+                assert keras.regularizers.serialize(getattr(revived, name)) == keras.regularizers.serialize(
+                    keras.regularizers.get(value)
+                ), name
+            else:
+                assert getattr(revived, name) == value, name
+        # Same weights, same likelihood, on images with the edge levels
+        # (0, 1, num_bins - 2 and num_bins - 1: the edge bug's level 254).
+        rng = np.random.RandomState(6)
+        num_bins, num_channels = kwargs["num_bins"], kwargs["num_channels"]
+        features = rng.normal(size=(2, 3, 3, 4)).astype("float32")
+        levels = rng.choice([0, 1, num_bins // 2, num_bins - 2, num_bins - 1], size=(2, 3, 3, num_channels))
+        x = _levels(num_bins)[levels].astype("float32")
+        compiled = {}  # one compiled log_prob per set of distribution flags
+
+        def log_prob(dist, **overrides):
+            flags = {"num_channels": dist.num_channels, "num_bins": dist.num_bins}
+            flags["reference_edge_bug"] = dist.reference_edge_bug
+            flags.update(overrides)
+            key = tuple(flags.values())
+            if key not in compiled:
+                compiled[key] = _compiled(lambda p, v: DiscretizedLogisticMixtureDistribution(p, **flags).log_prob(v))
+            return to_numpy(compiled[key](dist.params, x))
+
+        dist = layer(features)
+        expected = log_prob(dist)
+        revived(features)
+        revived.set_weights(layer.get_weights())
+        np.testing.assert_array_equal(log_prob(revived(features)), expected)
+        if kwargs["reference_edge_bug"]:  # the flag changes these log-probabilities
+            assert np.all(np.abs(log_prob(dist, reference_edge_bug=False) - expected) > 1e-2)
 
     def test_invalid_arguments(self):
         for kwargs, name in [

@@ -1,3 +1,5 @@
+import inspect
+
 import keras
 import numpy as np
 import pytest
@@ -47,6 +49,30 @@ class TestGumbelSoftmaxSampler(TestCase):
             run_jit_check=False,
             run_saving_check=False,
         )
+
+    @pytest.mark.parametrize(
+        "kwargs",
+        [
+            {"temperature": 0.3, "hard": False, "axis": 0, "inference_mode": "sample", "seed": 4},
+            {"temperature": 0.3, "hard": True, "axis": -2, "inference_mode": "mode", "seed": 4},
+        ],
+    )
+    def test_every_argument_survives_the_config_round_trip(self, kwargs):
+        # Protects get_config: an argument missing from it (e.g. temperature)
+        # falls back to its default in the revived layer.
+        assert set(kwargs) == set(inspect.signature(GumbelSoftmaxSampler.__init__).parameters) - {"self", "kwargs"}
+        layer = GumbelSoftmaxSampler(**kwargs)
+        revived = GumbelSoftmaxSampler.from_config(layer.get_config())
+        for name, value in kwargs.items():
+            assert getattr(revived, name) == value, name
+        # Same seed, same samples (training=True samples in "mode" too).
+        x = np.random.RandomState(5).normal(size=(3, 4)).astype("float32")
+        samples = to_numpy(layer(x, training=True))
+        np.testing.assert_array_equal(to_numpy(revived(x, training=True)), samples)
+        np.testing.assert_array_equal(to_numpy(revived(x)), to_numpy(layer(x)))
+        if not kwargs["hard"]:  # the soft samples do depend on the temperature
+            default = GumbelSoftmaxSampler(**{**kwargs, "temperature": 1.0})
+            assert not np.allclose(to_numpy(default(x, training=True)), samples, atol=1e-3)
 
     def test_gumbel_max_matches_categorical(self):
         n = 20000

@@ -300,6 +300,41 @@ class TestNonLocalBlock(TestCase):
             assert keras.backend.standardize_dtype(output.dtype) == policy.split("_")[1]
             self.assertAllClose(output, expected, atol=tol, rtol=tol, msg=policy)
 
+    def test_mixed_float16_logits_beyond_float16_range(self):
+        # Protects the float32 cast of the projections: in float16 the logits
+        # theta . phi (here 9e4 and 1.6e5 > 65504) overflow and softmax gives NaN.
+        rng = np.random.default_rng(5)
+        q, _ = np.linalg.qr(rng.normal(size=(K, K)))
+        x = np.zeros((2, 2, 2, C), "float32")
+        x[..., K:] = rng.normal(size=(2, 2, 2, C - K))
+        # Position p of image b is s_b e_p on the first K channels: theta and
+        # phi are s_b q^T e_p, so the logits are s_b^2 on the diagonal and 0
+        # elsewhere; A is the identity even after float16 rounding.
+        x[..., :K] = np.array([300.0, 400.0])[:, None, None, None] * np.eye(K).reshape(2, 2, K)
+        kernel = np.concatenate([q, np.zeros((C - K, K))]).astype("float32")[None, None]
+        reference = NonLocalBlock(key_dim=K)
+        reference(x)
+        params = _set_random_weights(reference, qk_std=0.5)
+        for name in ("theta", "phi"):
+            getattr(reference, name).kernel.assign(kernel)
+            getattr(reference, name).bias.assign(np.zeros(K, "float32"))
+            params[f"{name}/kernel"], params[f"{name}/bias"] = kernel.astype(np.float64), np.zeros(K)
+        expected = to_numpy(reference(x))
+        _, _, _, g = _np_projections(x, params)
+        self.assertAllClose(expected, x + 0.8 * g.reshape(x.shape), atol=1e-3, rtol=1e-5)
+        block = NonLocalBlock(key_dim=K, dtype="mixed_float16")
+        block(x)
+        block.set_weights(reference.get_weights())
+        output = block(x)
+        assert keras.backend.standardize_dtype(output.dtype) == "float16"
+        self.assertAllFinite(output)
+        # Float16 outputs of magnitude ~500 are rounded to ~0.25.
+        self.assertAllClose(output, expected, atol=2e-3 * np.abs(expected).max(), rtol=0)
+        # Float32 images, as `__call__` takes them (before: TensorFlow refused to add float16 and float32).
+        maps = block.attention_map(x, [(0, 0), (1, 1)])
+        assert keras.backend.standardize_dtype(maps.dtype) == "float32"
+        self.assertAllClose(maps, np.eye(K).reshape(1, K, 2, 2)[:, [0, 3]].repeat(2, axis=0), atol=1e-6)
+
     def test_layer_battery_softmax(self):
         self.run_layer_test(
             NonLocalBlock,

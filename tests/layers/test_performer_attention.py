@@ -100,16 +100,20 @@ class TestPerformerAttention(TestCase):
 
     @pytest.mark.parametrize("kernel", ["softmax", "relu"])
     @pytest.mark.parametrize("causal", [False, True])
-    def test_matches_numpy_favor_on_the_projections(self, kernel, causal):
+    @pytest.mark.parametrize("scaling", ["chi", "sqrt"])
+    def test_matches_numpy_favor_on_the_projections(self, kernel, causal, scaling):
         # Exact plumbing check: MultiHeadAttention's projections (NumPy), the
-        # layer's features (the `seed` draw), the quadratic-time NumPy FAVOR+
-        # formula, the output projection; a padding mask on top.
+        # layer's features (the `seed` draw, with its `orthogonal_scaling`),
+        # the quadratic-time NumPy FAVOR+ formula, the output projection; a
+        # padding mask on top.
         x = sequences(3)
-        mha, performer = built_pair(seed=5, kernel=kernel, x=x)
+        mha, performer = built_pair(seed=5, kernel=kernel, x=x, orthogonal_scaling=scaling)
         mask = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], bool)
         actual = performer(x, x, value_mask=mask, use_causal_mask=causal)
         q, k, v = np_projections(mha, x, x)
-        w = to_numpy(orthogonal_random_features(16, 4, seed=5))
+        w = to_numpy(orthogonal_random_features(16, 4, seed=5, scaling=scaling))
+        if scaling == "sqrt":  # every row of norm sqrt(key_dim): not the "chi" draw
+            np.testing.assert_allclose(np.linalg.norm(w, axis=-1), 2.0, rtol=1e-6)
         q_features = np_features(q, w, kernel, True)
         k_features = np.zeros(q_features.shape)
         for b in range(2):
@@ -160,9 +164,15 @@ class TestPerformerAttention(TestCase):
         expected = np.concatenate(
             [to_numpy(performer(query[b : b + 1], value[b : b + 1, mask[b]])) for b in range(2)]
         )
+        # Masks that differ but intersect in `mask`: only keys valid in all of them count.
+        value_only = np.array([[0, 0, 0, 0, 0, 1, 0], [0, 1, 0, 0, 0, 0, 0]], bool)
+        key_only = np.array([[0, 0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 1, 0, 0]], bool)
         for kwargs in (
             {"value_mask": mask},
             {"key": garbage, "key_mask": mask, "value_mask": mask},
+            {"key": garbage, "key_mask": mask | key_only, "value_mask": mask | value_only},
+            {"value_mask": mask | value_only, "attention_mask": (mask | key_only)[:, None, :]},
+            {"key_mask": mask | key_only, "value_mask": mask | value_only, "attention_mask": mask[:, None, :]},
             {"attention_mask": mask[:, None, :]},  # MultiHeadAttention's (B, T, S) with T = 1
             {"attention_mask": mask[:, None, None, :].astype("int32")},  # (B, heads, T, S), heads = 1
         ):
@@ -341,6 +351,28 @@ class TestPerformerAttention(TestCase):
             layer(x, x)
             assert len(seed_states(layer)) == count, kwargs
             assert len(layer.non_trainable_weights) == 0, kwargs
+
+    def test_feature_redraws_and_dropout_draw_from_separate_streams(self):
+        # Protects the `seed + 1` of the redraw generator: seeded like the
+        # dropout layer, features and dropout masks would come from one stream.
+        x = sequences(17)
+        mha, layer = built_pair(seed=5, x=x, dropout=0.5, feature_redraw="training")
+        dropout_generator = layer._dropout_layer.seed_generator
+        assert not np.array_equal(to_numpy(layer.features_seed_generator.state), to_numpy(dropout_generator.state))
+        # The first training call: features from `seed + 1`, the key/value
+        # dropout mask from `seed`, each as a fresh generator draws them.
+        actual = layer(x, x, training=True)
+        q, k, v = np_projections(mha, x, x)
+        w = to_numpy(orthogonal_random_features(16, 4, seed=keras.random.SeedGenerator(5 + 1)))
+        v = keras.ops.convert_to_tensor(v, "float32")
+        dropped = to_numpy(
+            keras.random.dropout(v, 0.5, noise_shape=(None, None, None, 1), seed=keras.random.SeedGenerator(5))
+        )
+        assert 0 < np.mean(dropped == 0) < 1
+        heads = np_kernel_attention(np_features(q, w, "softmax", True), np_features(k, w, "softmax", False), dropped)
+        expected = np.einsum("btnh,nhe->bte", heads, to_numpy(mha.output_dense.kernel))
+        expected += to_numpy(mha.output_dense.bias)
+        self.assertAllClose(actual, expected, atol=1e-5, rtol=1e-4)
 
     def test_flash_attention_is_refused_and_does_not_block_dropout(self):
         with pytest.raises(ValueError, match="flash_attention=True"):

@@ -27,7 +27,17 @@ class TestWeightNormConv2D(TestCase):
 
     @pytest.mark.parametrize(
         "size,kernel_size,strides,padding",
-        [(5, 3, 1, "valid"), (5, 3, 1, "same"), (6, 3, 2, "same"), (7, 3, 2, "same"), (8, 1, 2, "same"), (7, 3, 2, "valid")],
+        [
+            (5, 3, 1, "valid"),
+            (5, 3, 1, "same"),
+            (6, 3, 2, "same"),
+            (7, 3, 2, "same"),
+            (8, 1, 2, "same"),
+            (7, 1, 2, "same"),
+            (7, 3, 2, "valid"),
+            (6, 3, 2, "valid"),
+            (7, 1, 2, "valid"),
+        ],
     )
     def test_output_is_conv_with_the_normalised_kernel(self, size, kernel_size, strides, padding):
         rng = np.random.default_rng(0)
@@ -56,7 +66,17 @@ class TestWeightNormConv2D(TestCase):
                 r, c = i * strides, j * strides
                 patch = padded[:, r : r + kernel_size, c : c + kernel_size, :]
                 expected[:, i, j, :] = np.einsum("bhwc,hwco->bo", patch, w) + bias
-        self.assertAllClose(to_numpy(layer(x)), expected, atol=1e-5, rtol=1e-5)
+        output = layer(x)
+        self.assertAllClose(to_numpy(output), expected, atol=1e-5, rtol=1e-5)
+        # The declared shapes are the computed ones: compute_output_shape,
+        # a symbolic call with known sizes, and a model with unknown H and W.
+        assert layer.compute_output_shape(x.shape) == tuple(output.shape) == (2, out, out, 3)
+        assert tuple(layer(keras.Input((size, size, 4))).shape) == (None, out, out, 3)
+        inputs = keras.Input((None, None, 4))
+        symbolic = layer(inputs)
+        assert tuple(symbolic.shape) == (None, None, None, 3)
+        predicted = keras.Model(inputs, symbolic).predict(x, verbose=0)
+        self.assertAllClose(predicted, expected, atol=1e-5, rtol=1e-5)
 
     # (1, 1): one image and one output channel, where torch's convolution
     # takes its slow path (which failed on a permuted kernel view).
