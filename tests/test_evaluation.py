@@ -513,3 +513,23 @@ def test_paired_difference_names_a_file_without_scores(tmp_path):
     np.savez(path, weights=np.zeros(3))
     with pytest.raises(ValueError, match=r"other\.npz' is not a scores file"):
         evaluation.paired_difference(str(path), np.zeros(3))
+
+
+def test_reseed_gives_every_seed_generator_its_own_stream():
+    # Protects `_reseed`: the model's generators (here the latents' and the Gumbel sampler's) get distinct
+    # states from one `(seed, batch)`, so they draw different numbers, not one shared stream.
+    from keras_avae.models.discrete_vae import DiscreteVAE
+    from tests.models.test_discrete_vae import TINY as DISCRETE_TINY
+
+    model = DiscreteVAE(**DISCRETE_TINY)
+    model.build()
+    generators = [layer.seed_generator for layer in model._flatten_layers() if hasattr(layer, "seed_generator")]
+    assert len(generators) == len(evaluation._seed_states(model)) >= 2
+    for seed, batch in ((0, 0), (5, 3)):
+        evaluation._reseed(model, seed, batch)
+        states = [tuple(ops.convert_to_numpy(g.state).tolist()) for g in generators]
+        assert len(set(states)) == len(states), states
+        draws = [ops.convert_to_numpy(keras.random.normal((16,), seed=g)) for g in generators]
+        for i in range(len(draws)):
+            for j in range(i):
+                assert not np.allclose(draws[i], draws[j]), (i, j)

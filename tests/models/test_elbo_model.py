@@ -177,3 +177,20 @@ def test_load_weights_builds_an_unbuilt_model(tmp_path):
     target.load_weights(path)
     for a, b in zip(source.weights, target.weights):
         np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+
+
+def test_logged_nelbo_is_unweighted_and_bits_per_dim_is_in_base_2():
+    # Protects the metrics: `nelbo` = reconstruction + KL whatever `kl_weight` (only the loss is weighted),
+    # and bits/dim = nelbo / (D ln 2) (DESIGN §5).
+    model = HierarchicalVAE(**dict(TINY, l2=0.0, seed=3))
+    model.build()
+    model.compile(optimizer="adam", jit_compile=False)
+    model.kl_weight.assign(0.25)
+    x = shapes_batch(4)
+    logs = model.test_on_batch(x, return_dict=True)
+    assert logs["kl"] > 1.0, logs  # a KL large enough for the weight to show
+    np.testing.assert_allclose(logs["nelbo"], logs["reconstruction"] + logs["kl"], rtol=1e-5)
+    np.testing.assert_allclose(logs["loss"], logs["reconstruction"] + 0.25 * logs["kl"], rtol=1e-5)
+    dims = 8 * 8 * 1
+    assert model.num_data_dims == dims
+    np.testing.assert_allclose(logs["bits_per_dim"], logs["nelbo"] / (dims * np.log(2.0)), rtol=1e-5)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from keras import ops
 
+from keras_avae.distributions.gaussian import DiagonalGaussian
 from keras_avae.evaluation import _compiled_log_weights
 from keras_avae.layers.depthwise_attend import DepthwiseAttend
 from keras_avae.layers.non_local_block import NonLocalBlock
@@ -444,3 +445,173 @@ def test_skipping_layer_call_bookkeeping_changes_nothing(dtype, monkeypatch):
     np.testing.assert_array_equal(fast[1], slow[1])
     for a, b in zip(fast[2] + fast[3], slow[2] + slow[3]):
         np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------- #
+# The passes recomputed from the model's parts (stem, cells, heads) in NumPy
+# ---------------------------------------------------------------------- #
+
+
+def perturbed_model(config=TINY, seed=0):
+    """A built model whose posteriors differ clearly from their priors.
+
+    Every gate is opened and the weight-norm gains of the stochastic cells
+    are jittered, so KL(q||p) and KL(p||q) differ and the attention paths
+    carry signal.
+    """
+    model = HierarchicalVAE(**config)
+    model.build()
+    rng = np.random.default_rng(seed)
+    for cell in model.prior_cells + model.posterior_cells:
+        if cell.gate is not None:
+            cell.gate.assign(0.5)
+        for w in cell.weights:
+            if w.path.endswith("log_g"):
+                w.assign(to_numpy(w) + rng.normal(0.0, 0.5, size=w.shape).astype("float32"))
+    return model
+
+
+def gaussian_from_raw(raw_loc, raw_log_scale, bound=5.0):
+    """DESIGN §3: mu = 5 tanh(mu / 10), sigma = exp(b tanh(log_sigma / 2b)) + 0.01, in NumPy."""
+    loc = 5.0 * np.tanh(np.asarray(raw_loc, np.float64) / 10.0)
+    scale = np.exp(bound * np.tanh(np.asarray(raw_log_scale, np.float64) / (2 * bound))) + 0.01
+    return loc, scale
+
+
+def gaussian_kl(q_loc, q_scale, p_loc, p_scale):
+    """Closed-form KL(q || p) of diagonal Gaussians, summed over H, W, C: (B,)."""
+    ratio = (q_scale / p_scale) ** 2
+    per_element = 0.5 * (ratio + ((q_loc - p_loc) / p_scale) ** 2 - 1.0 - np.log(ratio))
+    return per_element.reshape(len(per_element), -1).sum(-1)
+
+
+def layer_distributions(model, features, latents):
+    """Per layer, `(q_loc, q_scale, p_loc, p_scale)` in NumPy, from the cells given the sampled latents.
+
+    The top-down loop written out: layer 0's prior is N(0, I) and its
+    condition the top constant; layer i >= 1 gets its prior from
+    `prior_cells[i - 1]` fed `z_{i-1}`; every posterior from its cell.
+    """
+    P, ik = model._context, model._ik
+    batch = int(latents[0].shape[0])
+    top = np.tile(to_numpy(model.top_constant).astype("float32"), (batch, 1, 1, 1))
+    values, keys = [top[..., :P]], [top[..., P:]]
+    condition, query, prior_raw = top[..., :P], top[..., :ik], None
+    p_loc, p_scale = np.zeros(latents[0].shape), np.ones(latents[0].shape)
+    split = model.posterior_cells[0].split_features(features)
+    layers = []
+    for i in range(model.num_layers):
+        if i > 0:
+            cell = model.prior_cells[i - 1]
+            step = cell(values, keys, latents[i - 1].astype("float32"), training=False)
+            condition, query, prior_raw = step["condition"], step["query"], step["raw"]
+            p_loc, p_scale = gaussian_from_raw(to_numpy(prior_raw[0]), to_numpy(prior_raw[1]))
+            values = values + [step["context"]] if cell.attend is not None else [step["context"]]
+            if step["key"] is not None:
+                keys = keys + [step["key"]]
+        q, _ = model.posterior_cells[i](condition, query, prior_raw, split, training=False)
+        layers.append((to_numpy(q.loc), to_numpy(q.scale), p_loc, p_scale))
+    return layers
+
+
+class TestPassesAgainstTheirParts(TestCase):
+    def test_bottom_up_features_run_from_the_image_to_the_top_layer(self):
+        # Protects the bottom-up order (`[e_0, ..., e_L]`, e_L the pre-processed image, DESIGN §3) and the
+        # Bernoulli encoder's input mapping 2x - 1.
+        model = HierarchicalVAE(**TINY)
+        model.build()
+        for cell in model.encoder_cells:  # larger residual branches: each cell changes its feature clearly
+            for w in cell.weights:
+                if w.path.endswith("log_g"):
+                    w.assign(to_numpy(w).astype("float32") + 2.0)
+        x = shapes_batch(4)
+        features = to_numpy(model.bottom_up(x, training=False))
+        e = model.stem(2.0 * x - 1.0)  # binary {0, 1} images enter the encoder in {-1, 1}
+        for cell in model.preprocess:
+            e = cell(e, training=False)
+        expected = {model.num_layers: to_numpy(e)}
+        n = model.cells_per_layer
+        for j in reversed(range(model.num_layers)):  # e_j = EncoderCell_j(e_{j+1})
+            for cell in model.encoder_cells[j * n : (j + 1) * n]:
+                e = cell(e, training=False)
+            expected[j] = to_numpy(e)
+        assert len(features) == model.num_layers + 1
+        for j, feature in enumerate(features):
+            self.assertAllClose(feature, expected[j], atol=1e-5, rtol=1e-5, msg=f"e_{j}")
+        # The two ends differ, so the order is seen.
+        assert np.max(np.abs(expected[0] - expected[model.num_layers])) > 1e-2
+
+    def test_kl_per_layer_is_closed_form_kl_of_posterior_to_prior(self):
+        # Protects KL(q || p) (not KL(p || q)) per layer, with N(0, I) as the top layer's prior.
+        model = perturbed_model()
+        x = shapes_batch(4)
+        features = model.bottom_up(x, training=False)
+        reset_seed(model, 3)
+        result = model.top_down(features, training=False, return_latents=True)
+        latents = [to_numpy(z) for z in result["latents"]]
+        layers = layer_distributions(model, features, latents)
+        expected = np.stack([gaussian_kl(*layer) for layer in layers], axis=-1)
+        self.assertAllClose(result["kl_per_layer"], expected, atol=1e-4, rtol=1e-4)
+        # The check can tell the directions apart: KL(p || q) is far from KL(q || p) here.
+        reverse = np.stack([gaussian_kl(pl, ps, ql, qs) for ql, qs, pl, ps in layers], axis=-1)
+        assert np.abs(reverse - expected).sum() > 0.1 * expected.sum(), (reverse, expected)
+        # ... and the top layer's prior scale: KL to N(0, 2^2) is far from KL to N(0, 1).
+        q0_loc, q0_scale, _, _ = layers[0]
+        wide = gaussian_kl(q0_loc, q0_scale, 0.0, 2.0)
+        assert np.all(np.abs(wide - expected[:, 0]) > 1.0), (wide, expected[:, 0])
+        # The posterior means returned alongside are the posteriors' locations.
+        for i, (mean, layer) in enumerate(zip(result["posterior_means"], layers)):
+            self.assertAllClose(mean, layer[0], atol=1e-5, rtol=1e-5, msg=f"layer {i}")
+
+    def test_top_layer_prior_samples_are_standard_normal(self):
+        # Protects the top layer's prior N(0, I): prior samples of layer 0 have mean 0 and unit variance.
+        model = HierarchicalVAE(**TINY)
+        model.build()
+        reset_seed(model, 11)
+        z0 = to_numpy(model.top_down(batch_size=4, training=False, return_latents=True)["latents"][0])
+        # 128 draws: standard errors 0.09 for the mean, sqrt(2 / 128) = 0.125 for the variance; N(0, 2^2) has 4.
+        assert abs(z0.mean()) < 0.35 and abs(z0.var() - 1.0) < 0.5, (z0.mean(), z0.var())
+
+    def test_encode_returns_the_posterior_means_not_samples(self):
+        # Protects `encode()` returning posterior means: layer 0's mean depends on x only, not on the draws.
+        model = perturbed_model()
+        x = shapes_batch(4)
+        reset_seed(model, 1)
+        first = model.encode(x)
+        reset_seed(model, 2)
+        second = model.encode(x)
+        np.testing.assert_allclose(first[0], second[0], atol=1e-6)
+        # Layer 0's posterior from its cell, fed the top constant's context and the features.
+        P, ik = model._context, model._ik
+        top = np.tile(to_numpy(model.top_constant).astype("float32"), (4, 1, 1, 1))
+        split = model.posterior_cells[0].split_features(model.bottom_up(x, training=False))
+        q0, _ = model.posterior_cells[0](top[..., :P], top[..., :ik], None, split, training=False)
+        self.assertAllClose(first[0], q0.loc, atol=1e-5, rtol=1e-5)
+        # A sample is not the mean (the posterior's scale is far from 0).
+        assert np.min(to_numpy(q0.scale)) > 0.05
+        reset_seed(model, 1)
+        assert not np.allclose(model.encode(x, sample=True)[0], first[0], atol=1e-3)
+
+    def test_importance_weights_score_each_image_with_its_own_posterior(self, monkeypatch):
+        # Protects `log_weights` pairing each image with samples of its own posterior: with the noise fixed
+        # (the same draw for every row), row i of a batch equals the computation on image i alone.
+        def fixed_noise_sample(self, seed=None, temperature=1.0):
+            shape = tuple(self.loc.shape)
+            eps = np.sin(np.arange(np.prod(shape[1:]), dtype="float32") * 1.7).reshape(shape[1:])
+            return self.loc + temperature * self.scale * ops.convert_to_tensor(eps[None])
+
+        monkeypatch.setattr(DiagonalGaussian, "sample", fixed_noise_sample)
+        model = perturbed_model()
+        x = shapes_batch(2, seed=4)
+        x[1] = 1.0 - x[1]  # two clearly different images
+        features = model.bottom_up(x, training=False)
+        own = [[f[i : i + 1] for f in features] for i in range(2)]  # image i's bottom-up features
+        batched = to_numpy(model.log_weights(x, features, 2))
+        assert batched.shape == (2, 2)
+        alone = np.concatenate([to_numpy(model.log_weights(x[i : i + 1], own[i], 4)) for i in range(2)])
+        # One draw per image: its weights agree, and each image's equal its weights scored alone.
+        self.assertAllClose(alone, np.repeat(alone[:, :1], 4, axis=1), atol=1e-3, rtol=1e-5)
+        self.assertAllClose(batched, alone[:, :2], atol=1e-3, rtol=1e-5)
+        # The check can fail: image 0 scored with image 1's posterior gets other weights.
+        swapped = to_numpy(model.log_weights(x[:1], own[1], 4))[0, 0]
+        assert abs(swapped - alone[0, 0]) > 0.1, (swapped, alone[0, 0])

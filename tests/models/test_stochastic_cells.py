@@ -104,8 +104,14 @@ def test_posterior_cell_is_a_residual_correction_of_the_prior():
     )
     normed = to_numpy(cell.norm(own_condition)) if cell.norm is not None else own_condition
     head_input = np.concatenate([normed + 0.6 * attended, own_key], axis=-1)
-    delta_loc = to_numpy(cell.head(head_input))[..., : model.latent_channels]
+    delta = to_numpy(cell.head(head_input))
+    delta_loc, delta_log_scale = delta[..., : model.latent_channels], delta[..., model.latent_channels :]
     np.testing.assert_allclose(to_numpy(q.loc), bounded_loc(prior_loc + delta_loc), rtol=1e-4, atol=1e-5)
+    # The log-scale is residual too: sigma = exp(b tanh((prior + delta) / 2b)) + 0.01 (`DiagonalGaussian.from_raw`).
+    low, high = model.posterior_log_scale_bounds
+    assert (low, high) == (-5.0, 5.0)  # the symmetric soft bound below
+    expected_scale = np.exp(high * np.tanh((prior_log_scale + delta_log_scale) / (2 * high))) + 0.01
+    np.testing.assert_allclose(to_numpy(q.scale), expected_scale, rtol=1e-4, atol=1e-5)
     # Layer 1 attends over its own feature and the L - 1 deeper ones.
     assert tuple(scores.shape)[-1] == 1 + len(deeper)
 
