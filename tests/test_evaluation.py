@@ -147,17 +147,19 @@ def test_corrupt_progress_file_names_the_path(model, tmp_path):
         evaluation.score_batches(model, BATCHES[:1], num_samples=2, progress_path=str(progress))
 
 
-def test_temporaries_of_killed_writes_are_removed(model, tmp_path):
+@pytest.mark.parametrize("name", ["progress.npz", "progress"])
+def test_temporaries_of_killed_writes_are_removed(model, tmp_path, name):
     # Before: a kill while the progress file was written left `.tmp-PID-progress.npz` for good.
-    progress = tmp_path / "progress.npz"
+    progress = tmp_path / name
+    suffix = progress.suffix
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = tmp_path / f".tmp-{int(gone.stdout)}-progress.npz"
-    live = tmp_path / f".tmp-{os.getppid()}-progress.npz"  # a write under way in a live process
-    other = tmp_path / f".tmp-{int(gone.stdout)}-other.npz"  # another file's
+    stale = tmp_path / f".tmp-{int(gone.stdout)}-{name}"
+    live = tmp_path / f".tmp-{os.getppid()}-{name}"  # a write under way in a live process
+    other = tmp_path / f".tmp-{int(gone.stdout)}-other{suffix}"  # another file's
     for path in (stale, live, other):
         path.write_bytes(b"cut")
     evaluation.score_batches(model, BATCHES[:1], num_samples=2, progress_path=str(progress))
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, "progress.npz"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, name])
 
 
 def test_bad_seed_names_the_value(model):

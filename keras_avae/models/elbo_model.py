@@ -11,8 +11,8 @@ from keras import ops
 
 from keras_avae import host_memory
 from keras_avae._validation import check_images
-from keras_avae.keras_compat import portable_compile_config
 from keras_avae.evaluation import importance_sampled_log_likelihood
+from keras_avae.keras_compat import portable_compile_config
 from keras_avae.models.presets import PresetMixin
 
 

@@ -22,7 +22,8 @@ def _fsync(path):
 
 
 def _temporary_name(path, suffix, pid):
-    return f".tmp-{pid}-{path.name[: -len(suffix)]}{suffix}"
+    # `len(name) - len(suffix)`: a `[:-0]` slice would drop the whole name of a file without a suffix.
+    return f".tmp-{pid}-{path.name[: len(path.name) - len(suffix)]}{suffix}"
 
 
 def _process_alive(pid):

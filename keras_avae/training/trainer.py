@@ -17,8 +17,8 @@ import numpy as np
 from keras_avae import zoo
 from keras_avae.keras_compat import set_initial_epoch
 from keras_avae.training.atomic_files import _atomic_write
-from keras_avae.training.atomic_files import _remove_stale_temporaries
 from keras_avae.training.atomic_files import _atomic_write_text
+from keras_avae.training.atomic_files import _remove_stale_temporaries
 from keras_avae.training.callbacks import KLWarmup
 from keras_avae.training.callbacks import NonFiniteMonitor
 from keras_avae.training.callbacks import SampleGrid
