@@ -135,8 +135,8 @@ class NonLocalBlock(keras.layers.Layer):
         self._features = None
         self.seed_generator = None
         if attention == "performer" and feature_redraw == "training":
-            # Offset: a generator's first draw is its integer seed's draw, so
-            # `seed` itself would redraw the fixed features first.
+            # `seed + 1` as in `PerformerAttention`, whose dropout draws from
+            # `seed` (the fixed features come from NumPy, another stream).
             self.seed_generator = keras.random.SeedGenerator(seed + 1)
 
     def _conv(self, filters, name):
