@@ -14,7 +14,6 @@ import hashlib
 import json
 import math
 import os
-import pathlib
 import time
 import warnings
 
@@ -341,7 +340,7 @@ def score_batches(
         )
         from keras_avae.training.atomic_files import _remove_stale_temporaries
 
-        _remove_stale_temporaries(progress_path, pathlib.Path(progress_path).suffix)  # a kill cut a write
+        _remove_stale_temporaries(progress_path)  # a kill cut a write
         if os.path.exists(progress_path):
             state = _read_progress(progress_path, identity)
     resumed = len(state["log_px"])
@@ -541,7 +540,7 @@ def _write_progress(path, identity, state):
                 plans=np.array(json.dumps(state.get("plans", {}), sort_keys=True)),
             )
 
-    _atomic_write(path, write, pathlib.Path(path).suffix)
+    _atomic_write(path, write)
 
 
 def summarize(log_px, elbo, num_data_dims):

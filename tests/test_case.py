@@ -7,6 +7,8 @@ XLA compilation (TensorFlow and JAX) and a `.keras` save/load round trip.
 
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 
 import keras
@@ -424,3 +426,9 @@ def free_ports(count):
     for s in sockets:
         s.close()
     return ports
+
+
+def exited_pid():
+    """The PID of a process that has ended (what a killed writer leaves in its temporaries' names)."""
+    process = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(process.stdout)

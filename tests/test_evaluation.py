@@ -9,8 +9,6 @@ import contextlib
 import json
 import math
 import os
-import subprocess
-import sys
 import warnings
 
 import keras
@@ -22,6 +20,7 @@ from keras_avae import evaluation
 from keras_avae.models.hierarchical_vae import HierarchicalVAE
 from tests.models.test_hierarchical_vae import TINY
 from tests.models.test_hierarchical_vae import shapes_batch
+from tests.test_case import exited_pid
 
 BATCHES = [shapes_batch(3, seed=i) for i in range(3)]
 
@@ -152,10 +151,10 @@ def test_temporaries_of_killed_writes_are_removed(model, tmp_path, name):
     # Before: a kill while the progress file was written left `.tmp-PID-progress.npz` for good.
     progress = tmp_path / name
     suffix = progress.suffix
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = tmp_path / f".tmp-{int(gone.stdout)}-{name}"
+    gone = exited_pid()
+    stale = tmp_path / f".tmp-{gone}-{name}"
     live = tmp_path / f".tmp-{os.getppid()}-{name}"  # a write under way in a live process
-    other = tmp_path / f".tmp-{int(gone.stdout)}-other{suffix}"  # another file's
+    other = tmp_path / f".tmp-{gone}-other{suffix}"  # another file's
     for path in (stale, live, other):
         path.write_bytes(b"cut")
     evaluation.score_batches(model, BATCHES[:1], num_samples=2, progress_path=str(progress))

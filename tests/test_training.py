@@ -26,6 +26,7 @@ import pytest
 
 from keras_avae import training
 from keras_avae import zoo
+from tests.test_case import exited_pid
 from tests.test_case import free_ports
 from tests.training_helper import TINY
 
@@ -1003,8 +1004,7 @@ def test_final_files_older_than_the_checkpoint_are_written_again(tmp_path, monke
     for name in ("model.keras", "model.weights.h5"):
         with open(out / name, "r+b") as f:
             f.truncate(4000)
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale, live = out / f".tmp-{int(gone.stdout)}-model.keras", out / f".tmp-{os.getppid()}-model.keras"
+    stale, live = out / f".tmp-{exited_pid()}-model.keras", out / f".tmp-{os.getppid()}-model.keras"
     stale.write_bytes(b"cut"), live.write_bytes(b"being written")
     training.train("mnist-baseline", x, out, epochs=2, **kwargs)
     final.load_weights(str(out / "model.weights.h5"))

@@ -154,7 +154,7 @@ class PresetMixin:
             "parameter_count": int(self.count_params()),
             "model_card": getattr(self, "model_card", None),
         }
-        _atomic_write(folder / WEIGHTS_FILE, lambda tmp: self.save_weights(str(tmp)), ".weights.h5")
+        _atomic_write(folder / WEIGHTS_FILE, lambda tmp: self.save_weights(str(tmp)))
         _atomic_write_text(folder / METADATA_FILE, json.dumps(metadata, indent=1, default=_jsonable) + "\n")
         # The config last: a folder with one is complete.
         _atomic_write_text(folder / CONFIG_FILE, json.dumps(config, indent=1, default=_jsonable) + "\n")

@@ -119,6 +119,6 @@ def save_figure(figure, out_dir, name, numbers, title, caption):
     def write_png(tmp):
         figure.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
 
-    _atomic_write(out_dir / f"{name}.png", write_png, ".png")
+    _atomic_write(out_dir / f"{name}.png", write_png)
     _atomic_write_text(out_dir / f"{name}.json", text + "\n")
     return {"name": name, "title": title, "caption": caption, "png": f"{name}.png", "json": f"{name}.json"}

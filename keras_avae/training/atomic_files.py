@@ -4,6 +4,7 @@ Readers (and a run resumed after a kill at any moment) see the old file or
 the new one, never half of one.
 """
 
+import glob
 import os
 import pathlib
 
@@ -21,9 +22,9 @@ def _fsync(path):
         os.close(fd)
 
 
-def _temporary_name(path, suffix, pid):
-    # `len(name) - len(suffix)`: a `[:-0]` slice would drop the whole name of a file without a suffix.
-    return f".tmp-{pid}-{path.name[: len(path.name) - len(suffix)]}{suffix}"
+def _temporary_name(path, pid):
+    # Ends with the file's own name: Keras insists on the extension (`.weights.h5`, `.keras`).
+    return f".tmp-{pid}-{path.name}"
 
 
 def _process_alive(pid):
@@ -36,7 +37,7 @@ def _process_alive(pid):
     return True
 
 
-def _remove_stale_temporaries(path, suffix):
+def _remove_stale_temporaries(path):
     """Deletes the temporaries of `_atomic_write(path, ...)` whose writer is gone.
 
     A kill in the middle of a write leaves `.tmp-PID-NAME` beside `path`
@@ -46,19 +47,16 @@ def _remove_stale_temporaries(path, suffix):
     path = pathlib.Path(path)
     if not path.parent.is_dir():
         return
-    for tmp in path.parent.glob(f".tmp-*{suffix}"):
+    for tmp in path.parent.glob(f".tmp-*-{glob.escape(path.name)}"):
         pid = tmp.name[len(".tmp-") :].split("-", 1)[0]
-        if pid.isdigit() and tmp.name == _temporary_name(path, suffix, pid) and not _process_alive(int(pid)):
+        if pid.isdigit() and tmp.name == _temporary_name(path, pid) and not _process_alive(int(pid)):
             tmp.unlink(missing_ok=True)
 
 
-def _atomic_write(path, write, suffix):
-    """Writes `path` by `write(tmp)` then a rename: readers see old or new, never half.
-
-    `suffix` is the extension Keras insists on (the temporary name keeps it).
-    """
+def _atomic_write(path, write):
+    """Writes `path` by `write(tmp)` then a rename: readers see old or new, never half."""
     path = pathlib.Path(path)
-    tmp = path.with_name(_temporary_name(path, suffix, os.getpid()))
+    tmp = path.with_name(_temporary_name(path, os.getpid()))
     try:
         write(tmp)
         _fsync(tmp)
@@ -74,4 +72,4 @@ def _atomic_write_text(path, text):
         with open(tmp, "w") as f:
             f.write(text)
 
-    _atomic_write(path, write, pathlib.Path(path).suffix)
+    _atomic_write(path, write)

@@ -173,7 +173,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         self.backup_dir.mkdir(parents=True, exist_ok=True)
         name = f"ckpt-e{epoch:06d}-s{step:08d}.weights.h5"
         with _without_distribution():  # the chief saves alone (several JAX processes)
-            _atomic_write(self.backup_dir / name, lambda tmp: model.save_weights(str(tmp)), ".weights.h5")
+            _atomic_write(self.backup_dir / name, lambda tmp: model.save_weights(str(tmp)))
         state = {
             "format": 1,
             "weights": name,

@@ -75,4 +75,4 @@ def save_image_grid(path, rows, padding=1, value_range=(0.0, 1.0)):
         with open(tmp, "wb") as f:
             f.write(data)
 
-    _atomic_write(path, write, ".png")
+    _atomic_write(path, write)

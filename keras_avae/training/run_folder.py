@@ -76,12 +76,9 @@ def _holder(path):
 
 
 def _recorded_feature_seed(path):
-    """The `nonlocal_feature_seed` a run folder's `run.json` records, if any."""
-    try:
-        with open(path) as f:
-            return json.load(f)["config"].get("nonlocal_feature_seed")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
+    """The `nonlocal_feature_seed` a run folder's `run.json` records, if any (a damaged one is refused)."""
+    config = (_read_record(path) or {}).get("config")
+    return config.get("nonlocal_feature_seed") if isinstance(config, dict) else None
 
 
 def _read_record(path):
@@ -208,7 +205,7 @@ def _write_csv(path, rows):
         with open(tmp, "w", newline="") as f:
             csv.writer(f).writerows(rows)
 
-    _atomic_write(path, write, ".csv")
+    _atomic_write(path, write)
 
 
 class HistoryLogger(keras.callbacks.Callback):

@@ -117,13 +117,8 @@ def _build_model(model, strategy, config_overrides, recorded_feature_seed=None):
 
 
 
-# The run folder's files written by `_atomic_write`, with its suffixes.
-_FOLDER_FILES = (
-    ("model.keras", ".keras"),
-    ("model.weights.h5", ".weights.h5"),
-    ("run.json", ".json"),
-    ("history.csv", ".csv"),
-)
+# The run folder's files written by `_atomic_write`.
+_FOLDER_FILES = ("model.keras", "model.weights.h5", "run.json", "history.csv")
 
 
 def _save_final(model, output_dir, portable):
@@ -149,9 +144,9 @@ def _save_final(model, output_dir, portable):
             raise
         copy = None  # a user model without a config round trip: save as is
     final = copy if portable else model
-    _atomic_write(output_dir / "model.keras", lambda tmp: final.save(str(tmp)), ".keras")
+    _atomic_write(output_dir / "model.keras", lambda tmp: final.save(str(tmp)))
     weights = copy if copy is not None else model
-    _atomic_write(output_dir / "model.weights.h5", lambda tmp: weights.save_weights(str(tmp)), ".weights.h5")
+    _atomic_write(output_dir / "model.weights.h5", lambda tmp: weights.save_weights(str(tmp)))
 
 
 
@@ -473,8 +468,8 @@ def train(
     # The chief owns the folder (the other workers only read its checkpoint).
     with _owned(run.output_dir) if run.chief else contextlib.nullcontext(), _StopOnSignal() as stopper:
         if run.chief:  # what a kill in the middle of a write left
-            for name, suffix in _FOLDER_FILES:
-                _remove_stale_temporaries(run.output_dir / name, suffix)
+            for name in _FOLDER_FILES:
+                _remove_stale_temporaries(run.output_dir / name)
         # JAX: the model is built and trained under the keras.distribution;
         # the final files are written outside it, by the chief alone.
         with _distribution_scope(strategy):
