@@ -890,6 +890,7 @@ def test_resume_checks_each_setting_and_keeps_the_record(tmp_path):
     training.train("mnist-baseline", x, out, epochs=1, batch_size=8, data_info=data, **kwargs)
     record = json.loads((out / "run.json").read_text())
     assert record["batch_size"] == 8 and record["data"] == data
+    assert record["reproducibility"] == {"seed": None, "deterministic_kernels": False}
     written = (out / "run.json").stat().st_mtime_ns
 
     def refused(fragments, **changes):
@@ -906,6 +907,9 @@ def test_resume_checks_each_setting_and_keeps_the_record(tmp_path):
     refused(["recipe.learning_rate: recorded 0.01, requested 0.002"], learning_rate=2e-3)
     refused(["config.num_layers: recorded 2, requested 3"], config_overrides=dict(TINY, num_layers=3))
     refused(["data.limit: recorded None, requested 8"], data_info=dict(data, limit=8))
+    refused(["reproducibility.seed: recorded None, requested 3"], seed=3, deterministic=False)
+    with pytest.raises(ValueError, match="`deterministic` must be a bool. Received: deterministic='no'"):
+        training.train("mnist-baseline", x, out, epochs=1, batch_size=8, deterministic="no", **kwargs)
     # Another epoch count changes the schedule of a run under way; more
     # epochs continue a finished one (the checkpoint holds every epoch).
     check = training.run_folder._check_run_record
@@ -917,6 +921,10 @@ def test_resume_checks_each_setting_and_keeps_the_record(tmp_path):
     with pytest.raises(ValueError, match="epochs: recorded 3, requested 2"):
         check(other, dict(record, epochs=2), finished_epochs=3)
     check(other, dict(record, epochs=5), finished_epochs=3)
+    # Deterministic kernels asked for by one part of a run and not by another.
+    kernels = dict(record, epochs=3, reproducibility={"seed": None, "deterministic_kernels": True})
+    with pytest.raises(ValueError, match="reproducibility.deterministic_kernels: recorded False, requested True"):
+        check(other, kernels, finished_epochs=2)
     training.train("mnist-baseline", x, out, epochs=1, batch_size=8, data_info=data, **kwargs)  # complete: no-op
     assert (out / "run.json").stat().st_mtime_ns == written and history_epochs(out) == ["1"]
 

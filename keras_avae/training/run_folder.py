@@ -27,8 +27,10 @@ LOCK = "run.lock"
 # mode, replicas) may change. The device count may change between runs as
 # long as the global batch does not (it only sets the synchronisation of
 # batch norm, whose statistics are those of the global batch either way).
+# `reproducibility` (the seed, deterministic kernels): a resume under other
+# ones would not give the numbers the record promises.
 # `epochs` is checked apart: a finished run may be continued with more.
-_RESUME_KEYS = ("model", "config", "recipe", "steps_per_epoch", "batch_size", "data")
+_RESUME_KEYS = ("model", "config", "recipe", "steps_per_epoch", "batch_size", "data", "reproducibility")
 # Entries of those settings a resume may change: synchronised batch norm
 # follows the device count; the stop limit, raised, lets a stopped run go on.
 _FREE_ENTRIES = {("config", "synchronized_batch_norm"), ("recipe", "max_nonfinite_steps")}

@@ -108,6 +108,7 @@ class _Run:
     chief: bool
     data: dict | None = None
     batch_from_dataset: bool = False  # the global batch is the dataset's own (recorded as such)
+    reproducibility: dict | None = None  # `train`'s seed and whether it asked for deterministic kernels
 
 
 def _resolve_run(
@@ -121,6 +122,7 @@ def _resolve_run(
     recipe_overrides,
     data_info=None,
     validation_data=None,
+    reproducibility=None,
 ):
     """The run's recipe, length and global batch; makes the run folder (chief only)."""
     output_dir = pathlib.Path(output_dir)
@@ -158,7 +160,10 @@ def _resolve_run(
         output_dir.mkdir(parents=True, exist_ok=True)
     if data_info is not None and not isinstance(data_info, dict):
         raise ValueError(f"`data_info` must be a dict or None. Received: data_info={data_info!r}")
-    return _Run(output_dir, name, recipe, epochs, steps_per_epoch, batch_size, replicas, chief, data_info, from_dataset)
+    return _Run(
+        output_dir, name, recipe, epochs, steps_per_epoch, batch_size, replicas, chief, data_info, from_dataset,
+        reproducibility,
+    )
 
 
 def _check_replica_input(dataset, batch_size, replicas, strategy, argument="dataset", unknown_size_fails=True):

@@ -15,6 +15,7 @@ import keras
 import numpy as np
 
 from keras_avae import zoo
+from keras_avae._validation import check_bool
 from keras_avae.keras_compat import set_initial_epoch
 from keras_avae.training.atomic_files import _atomic_write
 from keras_avae.training.atomic_files import _atomic_write_text
@@ -167,6 +168,8 @@ def _run_record(run, model):
         record["data"] = run.data
     if run.batch_from_dataset:
         record["batch_size_from"] = "dataset"
+    if run.reproducibility is not None:
+        record["reproducibility"] = run.reproducibility
     return record
 
 
@@ -359,9 +362,9 @@ def train(
     `run.json` records the settings of what was trained (a call that trains
     nothing or is refused leaves it as it is); resuming with another model
     config, recipe, batch size, step count, epoch count (except more epochs
-    after a finished run) or `data_info` is refused with a `ValueError`
-    naming each differing setting. `history.csv` keeps one row per finished
-    epoch. SIGINT (Ctrl-C) or SIGTERM stops training after the current step,
+    after a finished run), `data_info`, `seed` or `deterministic` is refused
+    with a `ValueError` naming each differing setting. `history.csv` keeps
+    one row per finished epoch. SIGINT (Ctrl-C) or SIGTERM stops training after the current step,
     checkpoints it and raises `TrainingInterrupted` (the same call resumes
     from there; a second signal stops at once); the handlers are installed
     in the main thread for the duration of the call only. Under
@@ -412,7 +415,9 @@ def train(
         deterministic: with a `seed`, also ask the backend for
             deterministic kernels, process-wide (TensorFlow's
             `enable_op_determinism`, torch's deterministic algorithms): the
-            same call then gives the same numbers on the same machine.
+            same call then gives the same numbers on the same machine. A
+            bool; `run.json` records it with the seed
+            (`reproducibility`).
         **recipe_overrides: training recipe values (see `resolve_recipe`),
             e.g. `learning_rate=2e-3`, `global_clipnorm=200.0`,
             `max_nonfinite_steps=10`.
@@ -443,6 +448,7 @@ def train(
     >>> int(keras.ops.convert_to_numpy(model.optimizer.iterations)), sorted(p.name for p in pathlib.Path(out).glob("model.*"))
     (2, ['model.keras', 'model.weights.h5'])
     """
+    check_bool(deterministic, "deterministic")
     stream = dataset if callable(dataset) else None
     if stream is not None:
         dataset = stream(0)
@@ -457,6 +463,8 @@ def train(
         recipe_overrides,
         data_info,
         validation_data,
+        # Deterministic kernels are asked for only with a seed.
+        reproducibility={"seed": seed, "deterministic_kernels": seed is not None and deterministic},
     )
     if seed is not None:
         _make_reproducible(seed, deterministic)
