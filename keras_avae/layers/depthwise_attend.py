@@ -57,6 +57,8 @@ class DepthwiseAttend(keras.layers.Layer):
             (eq. 6). Defaults to `True`.
         epsilon: positive float, the LayerNorm epsilon. Defaults to `1e-5`
             (the reference's).
+        regularizer: regularizer of the LayerNorms' gamma and beta and of
+            the learnable logit scale.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -96,6 +98,7 @@ class DepthwiseAttend(keras.layers.Layer):
         normalize_values=True,
         normalize_output=True,
         epsilon=1e-5,
+        regularizer=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -117,17 +120,23 @@ class DepthwiseAttend(keras.layers.Layer):
         self.normalize_values = normalize_values
         self.normalize_output = normalize_output
         self.epsilon = float(epsilon)
+        self.regularizer = keras.regularizers.get(regularizer)
 
         self.value_norm = None
         self.output_norm = None
         if normalize_values:
-            self.value_norm = keras.layers.LayerNormalization(
-                epsilon=self.epsilon, dtype=self.dtype_policy, name="value_norm"
-            )
+            self.value_norm = self._layer_norm("value_norm")
         if normalize_output:
-            self.output_norm = keras.layers.LayerNormalization(
-                epsilon=self.epsilon, dtype=self.dtype_policy, name="output_norm"
-            )
+            self.output_norm = self._layer_norm("output_norm")
+
+    def _layer_norm(self, name):
+        return keras.layers.LayerNormalization(
+            epsilon=self.epsilon,
+            gamma_regularizer=self.regularizer,
+            beta_regularizer=self.regularizer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
 
     def build(self, query_shape, keys_shape=None, values_shape=None):
         # Keras passes no shape for an empty list of contexts: `None` below.
@@ -151,6 +160,7 @@ class DepthwiseAttend(keras.layers.Layer):
                 name="scale",
                 shape=(),
                 initializer=keras.initializers.Constant(scale),
+                regularizer=self.regularizer,
                 autocast=False,
             )
         else:
@@ -223,6 +233,7 @@ class DepthwiseAttend(keras.layers.Layer):
                 "normalize_values": self.normalize_values,
                 "normalize_output": self.normalize_output,
                 "epsilon": self.epsilon,
+                "regularizer": keras.regularizers.serialize(self.regularizer),
             }
         )
         return config

@@ -63,7 +63,9 @@ class NonLocalBlock(keras.layers.Layer):
             `True`.
         kernel_initializer: initializer of the convolution kernels.
         kernel_regularizer: regularizer of the convolution kernels.
+        bias_regularizer: regularizer of the convolution biases.
         gamma_initializer: initializer of `gamma`. Defaults to `"zeros"`.
+        gamma_regularizer: regularizer of `gamma`.
         seed: int in `[0, 2**31 - 2]` (`seed + 1` seeds the redraws and
             must fit an int32) or `None`, seeds the random features. `None`
             draws an integer at construction (from Python's `random`, which
@@ -101,6 +103,8 @@ class NonLocalBlock(keras.layers.Layer):
         kernel_regularizer=None,
         gamma_initializer="zeros",
         seed=None,
+        bias_regularizer=None,
+        gamma_regularizer=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -130,7 +134,9 @@ class NonLocalBlock(keras.layers.Layer):
         self.use_bias = use_bias
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
         self.gamma_initializer = keras.initializers.get(gamma_initializer)
+        self.gamma_regularizer = keras.regularizers.get(gamma_regularizer)
         self.seed = seed
         self._features = None
         self.seed_generator = None
@@ -146,12 +152,9 @@ class NonLocalBlock(keras.layers.Layer):
             kernel_size=1,
             data_format="channels_last",
             use_bias=self.use_bias,
-            kernel_initializer=self.kernel_initializer.__class__.from_config(self.kernel_initializer.get_config()),
-            kernel_regularizer=(
-                None
-                if self.kernel_regularizer is None
-                else self.kernel_regularizer.__class__.from_config(self.kernel_regularizer.get_config())
-            ),
+            kernel_initializer=_copy(self.kernel_initializer),
+            kernel_regularizer=_copy(self.kernel_regularizer),
+            bias_regularizer=_copy(self.bias_regularizer),
             dtype=self.dtype_policy,
             name=name,
         )
@@ -168,7 +171,9 @@ class NonLocalBlock(keras.layers.Layer):
         self.g = self._conv(input_shape[-1], "g")
         for conv in (self.theta, self.phi, self.g):
             conv.build(input_shape)
-        self.gamma = self.add_weight(name="gamma", shape=(), initializer=self.gamma_initializer)
+        self.gamma = self.add_weight(
+            name="gamma", shape=(), initializer=self.gamma_initializer, regularizer=self.gamma_regularizer
+        )
 
     def _project(self, inputs, convs):
         """The 1x1 convolutions `convs` of `inputs`, each as float32 `(B, H*W, channels)`."""
@@ -312,11 +317,18 @@ class NonLocalBlock(keras.layers.Layer):
                 "use_bias": self.use_bias,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
+                "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
                 "gamma_initializer": keras.initializers.serialize(self.gamma_initializer),
+                "gamma_regularizer": keras.regularizers.serialize(self.gamma_regularizer),
                 "seed": self.seed,
             }
         )
         return config
+
+
+def _copy(obj):
+    """A fresh copy of an initializer or regularizer (`None` stays `None`)."""
+    return None if obj is None else obj.__class__.from_config(obj.get_config())
 
 
 def _is_pointwise(conv):

@@ -58,7 +58,8 @@ class ResidualCell(keras.layers.Layer):
         synchronized_batch_norm: bool. Synchronise batch statistics across
             replicas under a `tf.distribute` strategy (TensorFlow backend).
             Defaults to `False`.
-        kernel_regularizer: regularizer for every conv and batch norm weight.
+        kernel_regularizer: regularizer for every weight: the convolutions,
+            the batch norms and the non-local blocks (kernels, biases, gamma).
         seed: int or `None`, for the non-local blocks' random features
             (`None`: drawn at construction and kept in the config, so a
             reloaded cell has the same features).
@@ -139,6 +140,8 @@ class ResidualCell(keras.layers.Layer):
             attention=self.nonlocal_attention,
             num_random_features=self.nonlocal_num_random_features,
             kernel_regularizer=self.kernel_regularizer,
+            bias_regularizer=self.kernel_regularizer,
+            gamma_regularizer=self.kernel_regularizer,
             seed=self.seed,
             dtype=self.dtype_policy,
             name=name,

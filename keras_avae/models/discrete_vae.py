@@ -118,8 +118,9 @@ class DiscreteVAE(ELBOModel):
 
         # === Layers ===
         reg = keras.regularizers.L2(l2) if l2 else None
-        conv = dict(padding="same", activation="elu", kernel_regularizer=reg, dtype=self.dtype_policy)
-        dense = dict(kernel_regularizer=reg, dtype=self.dtype_policy)
+        weights = dict(kernel_regularizer=reg, bias_regularizer=reg, dtype=self.dtype_policy)
+        conv = dict(padding="same", activation="elu", **weights)
+        dense = weights
         h, w, c = image_shape
         self.encoder_layers = [
             keras.layers.Conv2D(filters, 3, strides=2, name="encoder_conv_0", **conv),
@@ -134,7 +135,7 @@ class DiscreteVAE(ELBOModel):
             keras.layers.Reshape((h // 4, w // 4, 2 * filters), dtype=self.dtype_policy),
             keras.layers.Conv2DTranspose(filters, 3, strides=2, name="decoder_deconv_0", **conv),
             keras.layers.Conv2DTranspose(filters, 3, strides=2, name="decoder_deconv_1", **conv),
-            keras.layers.Conv2D(c, 3, padding="same", name="decoder_logits", kernel_regularizer=reg, dtype=self.dtype_policy),
+            keras.layers.Conv2D(c, 3, padding="same", name="decoder_logits", **weights),
         ]
         self.sampler = GumbelSoftmaxSampler(
             temperature=self.initial_temperature, hard=straight_through, seed=seed, dtype=self.dtype_policy

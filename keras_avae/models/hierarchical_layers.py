@@ -68,6 +68,8 @@ class HierarchicalLayers:
             attention=self.nonlocal_attention,
             num_random_features=self.nonlocal_num_random_features,
             kernel_regularizer=self._regularizer,
+            bias_regularizer=self._regularizer,
+            gamma_regularizer=self._regularizer,
             seed=self.nonlocal_feature_seed,
             dtype=self.dtype_policy,
             name=name,
@@ -80,6 +82,7 @@ class HierarchicalLayers:
             learnable_scale=learnable_scale,
             normalize_values=False,
             normalize_output=layer_norm,
+            regularizer=self._regularizer,
             dtype=self.dtype_policy,
             name=name,
         )

@@ -58,6 +58,15 @@ class TestDiscreteVAE(TestCase):
         with pytest.raises(error):
             model.reconstruct(x)
 
+    def test_l2_weighs_every_weight_biases_too(self):
+        model = DiscreteVAE(**dict(TINY, l2=1e-3))
+        model(shapes_batch(2))
+        assert len(model.trainable_weights) == 18
+        for variable in model.trainable_weights:  # the biases had none
+            assert type(variable.regularizer) is keras.regularizers.L2, variable.path
+        expected = 1e-3 * sum(np.sum(to_numpy(v) ** 2) for v in model.trainable_weights)
+        np.testing.assert_allclose(sum(to_numpy(term) for term in model.losses), expected, rtol=1e-5)
+
     def test_kl_to_uniform_matches_numpy(self):
         model = DiscreteVAE(**TINY)
         x = shapes_batch(4)

@@ -16,6 +16,10 @@ from tests.test_case import to_numpy
 L2 = 1e-3
 
 
+def _is_l2(regularizer, factor):
+    return type(regularizer) is keras.regularizers.L2 and regularizer.l2 == pytest.approx(factor)
+
+
 def _penalty(model):
     return ops.sum(ops.stack(model._added_losses() + model._regularization_losses()))
 
@@ -54,8 +58,13 @@ class TestRegularization(TestCase):
     def test_penalty_is_l2_times_the_sum_of_squares(self):
         model = self._model()
         regularized = [v for v in model.trainable_weights if v.regularizer is not None]
-        # Every conv, norm, gate and constant; the attention scales are not.
-        assert 0 < len(regularized) < len(model.trainable_weights)
+        # Every weight has the one factor: convs, norms (the attention's
+        # output norms too), gates, the constant, the non-local blocks'
+        # biases and gammas, the attention logit scales.
+        other = [v.path for v in model.trainable_weights if not _is_l2(v.regularizer, L2)]
+        assert not other and len(regularized) == len(model.trainable_weights), other
+        assert any("nonlocal" in v.path and v.path.endswith("bias") for v in regularized)
+        assert any(v.path.endswith("output_norm/gamma") for v in regularized)
         expected = L2 * sum(np.sum(to_numpy(v) ** 2) for v in regularized)
         self.assertAllClose(to_numpy(_penalty(model)), expected, rtol=1e-5)
         # The same sum as Keras' one loss per weight.

@@ -11,6 +11,9 @@ import pytest
 import keras_avae
 from keras_avae import zoo
 from keras_avae.evaluation import _nelbo_under_fixed_seeds
+from keras_avae.keras_compat import nested_layers
+from keras_avae.layers import DepthwiseAttend
+from keras_avae.layers import NonLocalBlock
 from keras_avae.models import HierarchicalVAE
 
 REPO_ZOO = pathlib.Path(__file__).resolve().parents[2] / "zoo"
@@ -103,12 +106,37 @@ def test_a_changed_shipped_weights_file_is_refused(tmp_path, monkeypatch):
     finally:
         zoo._entries.cache_clear()
 
-# Published trainable parameter counts (paper Table 5; OMNIGLOT Sec. 3.1).
+# Published trainable parameter counts (paper Table 5 at L = 16, in M to 3
+# decimals; OMNIGLOT Sec. 3.1, 2 decimals). Table 5 swaps the "generative
+# only" and "inference only" rows (README): inference attention is the more
+# expensive switch, so its count is the row labelled "generative only".
 PUBLISHED = [
-    ("cifar10-attentive", 118.966e6, 0.02),
-    ("cifar10-baseline", 79.206e6, 0.02),
-    ("omniglot-attentive", 7.87e6, 0.03),
+    ("cifar10-attentive", {}, 118.966, 3),
+    ("cifar10-baseline", {}, 79.206, 3),
+    ("cifar10-baseline", {"nonlocal_blocks": ["preprocess", "encoder", "decoder"]}, 89.602, 3),
+    ("cifar10-baseline", {"generative_attention": True}, 90.916, 3),
+    ("cifar10-baseline", {"inference_attention": True}, 92.983, 3),
+    ("omniglot-attentive", {}, 7.87, 2),
 ]
+
+
+def reference_only_parameters(model):
+    """Trainable parameters the reference code has and this model has not, less those it has alone.
+
+    The reference's non-local blocks weight-normalise their three 1x1
+    convolutions (a gain per output channel) and train a logit scale; its
+    prior cells with generative attention and layer norm hold a third
+    LayerNorm (gamma and beta over the context channels) on the newest
+    context. Its depth-wise logit scales were never tracked by Keras, which
+    trains ours.
+    """
+    layers = list(nested_layers(model))
+    nonlocal_blocks = [layer for layer in layers if isinstance(layer, NonLocalBlock)]
+    missing = sum(2 * block.key_dim + block.g.filters + 1 for block in nonlocal_blocks)
+    if model.generative_attention and model.generative_attention_layer_norm:
+        missing += 2 * model._context * (model.num_layers - 1)
+    trained_scales = sum(1 for layer in layers if isinstance(layer, DepthwiseAttend) and layer.learnable_scale)
+    return missing - trained_scales
 
 
 @pytest.mark.slow
@@ -117,10 +145,16 @@ PUBLISHED = [
     reason="the same layer code creates the same variables on every backend; counted once, on TensorFlow "
     "(initialising 119M parameters eagerly costs minutes on JAX)",
 )
-@pytest.mark.parametrize("name,published,tolerance", PUBLISHED)
-def test_full_size_parameter_counts_match_the_paper(name, published, tolerance):
-    count = trainable_count(keras_avae.zoo.load(name, weights=None))
-    assert abs(count - published) / published < tolerance, (name, count, published)
+@pytest.mark.parametrize("name,overrides,published,decimals", PUBLISHED)
+def test_full_size_parameter_counts_are_the_papers_with_the_reference_bookkeeping(
+    name, overrides, published, decimals
+):
+    # Ours differ from the paper's by the parameters of
+    # `reference_only_parameters` (53,804 for cifar10-attentive); with them
+    # each count rounds to the published figure.
+    model = keras_avae.zoo.load(name, weights=None, **overrides)
+    count = trainable_count(model)
+    assert round((count + reference_only_parameters(model)) / 1e6, decimals) == published, (name, overrides, count)
 
 
 # ---------------------------------------------------------------------- #
