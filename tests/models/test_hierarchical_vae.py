@@ -615,3 +615,54 @@ class TestPassesAgainstTheirParts(TestCase):
         # The check can fail: image 0 scored with image 1's posterior gets other weights.
         swapped = to_numpy(model.log_weights(x[:1], own[1], 4))[0, 0]
         assert abs(swapped - alone[0, 0]) > 0.1, (swapped, alone[0, 0])
+
+    def test_importance_samples_share_one_bottom_up_pass(self, monkeypatch):
+        # Protects against the reference's defect of running the bottom-up pass once per importance sample:
+        # `log_weights` draws its K samples from the features it is given, and `log_likelihood` computes
+        # them once per pass of samples.
+        model = perturbed_model()
+        x = shapes_batch(2)
+        features = model.bottom_up(x, training=False)
+        calls = []
+        bottom_up = model.bottom_up
+
+        def counted(*args, **kwargs):
+            calls.append(1)
+            return bottom_up(*args, **kwargs)
+
+        monkeypatch.setattr(model, "bottom_up", counted)
+        model.log_weights(x, features, 5)
+        assert calls == []
+        if keras.backend.backend() == "torch":  # eager passes: each one is a call (compiled ones are traced once)
+            model.log_likelihood(x, num_samples=6, chunk_size=2)
+            assert len(calls) == 3
+
+    def test_the_hierarchy_never_stacks_its_contexts(self, monkeypatch):
+        # Protects the linear memory in L at the model level (the reference stacked every earlier context in
+        # each layer, O(L^2) copies): each attention gets lists of contexts and features it does not copy
+        # (no per-call normalisation), and no pass stacks them.
+        config = dict(TINY, num_layers=4)
+        model = HierarchicalVAE(**config)
+        model.build()
+        attend_call = DepthwiseAttend.call
+        seen, stacked = [], []
+
+        def recording_call(layer, query, keys, values, **kwargs):
+            seen.append((type(keys), type(values), len(values), layer.normalize_values))
+            return attend_call(layer, query, keys, values, **kwargs)
+
+        stack = ops.stack
+
+        def recording_stack(tensors, axis=0):
+            result = stack(tensors, axis=axis)
+            stacked.append(tuple(result.shape))
+            return result
+
+        monkeypatch.setattr(DepthwiseAttend, "call", recording_call)
+        monkeypatch.setattr(keras.ops, "stack", recording_stack)
+        model(shapes_batch(2), training=True)
+        generative = [entry for entry in seen if entry[2] > 1]
+        assert len(seen) == 2 * config["num_layers"] - 1 and generative, seen
+        for keys_type, values_type, _, normalizes in seen:
+            assert keys_type is list and values_type is list and not normalizes, seen
+        assert all(len(shape) < 5 for shape in stacked), stacked
