@@ -667,3 +667,26 @@ class TestPassesAgainstTheirParts(TestCase):
         for keys_type, values_type, _, normalizes in seen:
             assert keys_type is list and values_type is list and not normalizes, seen
         assert all(len(shape) < 5 for shape in stacked), stacked
+
+    def test_temperature_scales_every_layers_prior_draw(self):
+        # Protects sampling at a temperature: each layer draws z_l = mu_l + t sigma_l eps_l from its prior
+        # given the layers above, the top layer included, so the same seed gives the same eps_l at every t
+        # (a decoder that applied t to the top layer only would pass a check of the top layer alone).
+        model = perturbed_model()
+        P = model._context
+        eps = {}
+        for t in (1.0, 0.6):
+            reset_seed(model, 9)
+            latents = model.top_down(batch_size=2, training=False, temperature=t, return_latents=True)["latents"]
+            top = np.tile(to_numpy(model.top_constant).astype("float32"), (2, 1, 1, 1))
+            values, keys = [top[..., :P]], [top[..., P:]]
+            eps[t] = [to_numpy(latents[0]) / t]  # layer 0's prior is N(0, I)
+            for i, cell in enumerate(model.prior_cells, start=1):
+                step = cell(values, keys, latents[i - 1], training=False)
+                loc, scale = to_numpy(step["prior"].loc), to_numpy(step["prior"].scale)
+                eps[t].append((to_numpy(latents[i]) - loc) / (t * scale))
+                values = values + [step["context"]] if cell.attend is not None else [step["context"]]
+                if step["key"] is not None:
+                    keys = keys + [step["key"]]
+        for i, (cold, warm) in enumerate(zip(eps[0.6], eps[1.0])):
+            self.assertAllClose(cold, warm, atol=2e-4, rtol=1e-3, msg=f"layer {i}")
