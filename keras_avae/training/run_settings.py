@@ -161,8 +161,17 @@ def _resolve_run(
     if data_info is not None and not isinstance(data_info, dict):
         raise ValueError(f"`data_info` must be a dict or None. Received: data_info={data_info!r}")
     return _Run(
-        output_dir, name, recipe, epochs, steps_per_epoch, batch_size, replicas, chief, data_info, from_dataset,
-        reproducibility,
+        output_dir,
+        name,
+        recipe,
+        epochs,
+        steps_per_epoch,
+        batch_size,
+        replicas,
+        chief,
+        data=data_info,
+        batch_from_dataset=from_dataset,
+        reproducibility=reproducibility,
     )
 
 

@@ -364,8 +364,8 @@ def train(
     config, recipe, batch size, step count, epoch count (except more epochs
     after a finished run), `data_info`, `seed` or `deterministic` is refused
     with a `ValueError` naming each differing setting. `history.csv` keeps
-    one row per finished epoch. SIGINT (Ctrl-C) or SIGTERM stops training after the current step,
-    checkpoints it and raises `TrainingInterrupted` (the same call resumes
+    one row per finished epoch. SIGINT (Ctrl-C) or SIGTERM stops training
+    after the current step, checkpoints it and raises `TrainingInterrupted` (the same call resumes
     from there; a second signal stops at once); the handlers are installed
     in the main thread for the duration of the call only. Under
     `MultiWorkerMirroredStrategy` only the chief writes (and locks); so does

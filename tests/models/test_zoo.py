@@ -126,7 +126,7 @@ def reference_only_parameters(model):
     The reference's non-local blocks weight-normalise their three 1x1
     convolutions (a gain per output channel) and train a logit scale; its
     prior cells with generative attention and layer norm hold a third
-    LayerNorm (gamma and beta over the context channels) on the newest
+    LayerNorm (gamma and beta over the context and key channels) on the newest
     context. Its depth-wise logit scales were never tracked by Keras, which
     trains ours.
     """
