@@ -21,6 +21,17 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 else:
     _jax_cache = None
 
+# XLA:CPU's LLVM at its lowest optimisation level (XLA's default is 3): the
+# tests' XLA programs are small and mostly run once, so compiling them is
+# most of their time. Measured idle on 2 cores: a threefry draw for one new
+# weight shape (every initialiser on JAX) compiles in 0.16 s instead of
+# 0.62 s, the JAX suite runs in 21.5 min instead of 31.8 (same tests pass),
+# TensorFlow's `jit_compile=True` test in 50 s instead of 70. Convolutions
+# and matmuls are library calls at any level. Subprocesses inherit it; a
+# level the user set is kept.
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
+
 import keras  # noqa: E402
 import pytest  # noqa: E402
 
