@@ -29,8 +29,9 @@ else:
 # TensorFlow's `jit_compile=True` test in 50 s instead of 70. Convolutions
 # and matmuls are library calls at any level. Subprocesses inherit it; a
 # level the user set is kept.
-if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
+_xla_flags = os.environ.get("XLA_FLAGS", "")
+if "--xla_backend_optimization_level" not in _xla_flags:
+    os.environ["XLA_FLAGS"] = f"{_xla_flags} --xla_backend_optimization_level=0".strip()
 
 import keras  # noqa: E402
 import pytest  # noqa: E402

@@ -485,30 +485,36 @@ def gaussian_kl(q_loc, q_scale, p_loc, p_scale):
     return per_element.reshape(len(per_element), -1).sum(-1)
 
 
+def prior_steps(model, latents):
+    """The prior side of the top-down loop written out: per layer `(condition, query, raw, p_loc, p_scale)`.
+
+    Layer 0's prior is N(0, I) and its condition the top constant (`raw`
+    is `None`); layer i >= 1 gets its prior from `prior_cells[i - 1]` fed
+    the sampled `z_{i-1}`. The Gaussians are in NumPy, by DESIGN §3.
+    """
+    P, ik = model._context, model._ik
+    latents = [to_numpy(z).astype("float32") for z in latents]
+    top = np.tile(to_numpy(model.top_constant).astype("float32"), (len(latents[0]), 1, 1, 1))
+    values, keys = [top[..., :P]], [top[..., P:]]
+    yield top[..., :P], top[..., :ik], None, np.zeros(latents[0].shape), np.ones(latents[0].shape)
+    for cell, z in zip(model.prior_cells, latents):
+        step = cell(values, keys, z, training=False)
+        p_loc, p_scale = gaussian_from_raw(to_numpy(step["raw"][0]), to_numpy(step["raw"][1]))
+        yield step["condition"], step["query"], step["raw"], p_loc, p_scale
+        values = values + [step["context"]] if cell.attend is not None else [step["context"]]
+        if step["key"] is not None:
+            keys = keys + [step["key"]]
+
+
 def layer_distributions(model, features, latents):
     """Per layer, `(q_loc, q_scale, p_loc, p_scale)` in NumPy, from the cells given the sampled latents.
 
-    The top-down loop written out: layer 0's prior is N(0, I) and its
-    condition the top constant; layer i >= 1 gets its prior from
-    `prior_cells[i - 1]` fed `z_{i-1}`; every posterior from its cell.
+    The priors from `prior_steps`; every posterior from its cell, given its
+    layer's condition, query and raw prior.
     """
-    P, ik = model._context, model._ik
-    batch = int(latents[0].shape[0])
-    top = np.tile(to_numpy(model.top_constant).astype("float32"), (batch, 1, 1, 1))
-    values, keys = [top[..., :P]], [top[..., P:]]
-    condition, query, prior_raw = top[..., :P], top[..., :ik], None
-    p_loc, p_scale = np.zeros(latents[0].shape), np.ones(latents[0].shape)
     split = model.posterior_cells[0].split_features(features)
     layers = []
-    for i in range(model.num_layers):
-        if i > 0:
-            cell = model.prior_cells[i - 1]
-            step = cell(values, keys, latents[i - 1].astype("float32"), training=False)
-            condition, query, prior_raw = step["condition"], step["query"], step["raw"]
-            p_loc, p_scale = gaussian_from_raw(to_numpy(prior_raw[0]), to_numpy(prior_raw[1]))
-            values = values + [step["context"]] if cell.attend is not None else [step["context"]]
-            if step["key"] is not None:
-                keys = keys + [step["key"]]
+    for i, (condition, query, prior_raw, p_loc, p_scale) in enumerate(prior_steps(model, latents)):
         q, _ = model.posterior_cells[i](condition, query, prior_raw, split, training=False)
         layers.append((to_numpy(q.loc), to_numpy(q.scale), p_loc, p_scale))
     return layers
@@ -673,20 +679,11 @@ class TestPassesAgainstTheirParts(TestCase):
         # given the layers above, the top layer included, so the same seed gives the same eps_l at every t
         # (a decoder that applied t to the top layer only would pass a check of the top layer alone).
         model = perturbed_model()
-        P = model._context
         eps = {}
         for t in (1.0, 0.6):
             reset_seed(model, 9)
             latents = model.top_down(batch_size=2, training=False, temperature=t, return_latents=True)["latents"]
-            top = np.tile(to_numpy(model.top_constant).astype("float32"), (2, 1, 1, 1))
-            values, keys = [top[..., :P]], [top[..., P:]]
-            eps[t] = [to_numpy(latents[0]) / t]  # layer 0's prior is N(0, I)
-            for i, cell in enumerate(model.prior_cells, start=1):
-                step = cell(values, keys, latents[i - 1], training=False)
-                loc, scale = to_numpy(step["prior"].loc), to_numpy(step["prior"].scale)
-                eps[t].append((to_numpy(latents[i]) - loc) / (t * scale))
-                values = values + [step["context"]] if cell.attend is not None else [step["context"]]
-                if step["key"] is not None:
-                    keys = keys + [step["key"]]
+            steps = prior_steps(model, latents)
+            eps[t] = [(to_numpy(z) - p_loc) / (t * p_scale) for z, (*_, p_loc, p_scale) in zip(latents, steps)]
         for i, (cold, warm) in enumerate(zip(eps[0.6], eps[1.0])):
             self.assertAllClose(cold, warm, atol=2e-4, rtol=1e-3, msg=f"layer {i}")
