@@ -444,7 +444,7 @@ def train(
     ...     decoder_filters=4, num_scales=1, crop=0)
     >>> out = tempfile.mkdtemp()
     >>> model = train("mnist-baseline", x, out, epochs=1, batch_size=8,
-    ...     config_overrides=tiny, verbose=0, jit_compile=False, tensorboard=False)
+    ...     config_overrides=tiny, verbose=0, tensorboard=False)
     >>> int(keras.ops.convert_to_numpy(model.optimizer.iterations)), sorted(p.name for p in pathlib.Path(out).glob("model.*"))
     (2, ['model.keras', 'model.weights.h5'])
     """
