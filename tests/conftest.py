@@ -41,6 +41,31 @@ def pytest_report_header(config):
     return f"keras {keras.__version__}, backend: {keras.backend.backend()}"
 
 
+# Tests that share a module- or class-scoped fixture, sent to one pytest-xdist
+# worker as one unit so the fixture is built once, not once per worker (the
+# report's fixture: about 50 s on JAX). xdist's own `xdist_group` marks do
+# nothing under pytest 9 (xdist 3.8 renames `item._nodeid`, which pytest 9
+# no longer reads), so the scheduler groups them.
+SHARED_FIXTURE_SCOPES = (
+    "tests/test_report.py",
+    "tests/test_evaluation.py",
+    "tests/models/test_hierarchical_vae.py::TestInferenceInputs",
+    "tests/models/test_discrete_vae.py::TestInferenceInputs",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's `load` distribution, test by test, except `SHARED_FIXTURE_SCOPES`."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return next((scope for scope in SHARED_FIXTURE_SCOPES if nodeid.startswith(scope + "::")), nodeid)
+
+    return SharedFixtureScheduling(config, log)
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _jax_cache is not None:
         shutil.rmtree(_jax_cache, ignore_errors=True)
