@@ -45,7 +45,8 @@ def pytest_report_header(config):
 # worker as one unit so the fixture is built once, not once per worker (the
 # report's fixture: about 50 s on JAX). xdist's own `xdist_group` marks do
 # nothing under pytest 9 (xdist 3.8 renames `item._nodeid`, which pytest 9
-# no longer reads), so the scheduler groups them.
+# no longer reads), so the scheduler groups them. A fixture missing from the
+# list costs time only: it is built on each worker that runs its tests.
 SHARED_FIXTURE_SCOPES = (
     "tests/test_report.py",
     "tests/test_evaluation.py",
