@@ -139,7 +139,10 @@ def test_step_on_two_host_devices_equals_one_device(tmp_path, helper):  # noqa: 
     data = json.loads((tmp_path / "state.json").read_text())
     assert data["synchronized_batch_norm"] is False  # not needed: statistics are the global batch's
     losses, states = data["losses"], data["states"]
-    assert losses["parallel"] == pytest.approx(losses["single"], rel=1e-6)
+    # rel 1e-5: the sharded sum's order moves the loss by about 1e-6 relative on
+    # AVX-512/AMX CPUs (4.6e-5 of 44.5); the control's loss is ~40x farther off.
+    assert losses["parallel"] == pytest.approx(losses["single"], rel=1e-5)
+    assert losses["half"] != pytest.approx(losses["single"], rel=1e-5)
     for group in ("trainable", "non_trainable", "optimizer"):
         pairs = list(zip(states["parallel"][group], states["single"][group]))
         assert len(pairs) == len(states["single"][group]) > 0

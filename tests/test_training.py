@@ -616,7 +616,10 @@ def test_mirrored_step_on_two_cpus_equals_one_device(tmp_path, helper):
     data = json.loads((tmp_path / "state.json").read_text())
     assert data["synchronized_batch_norm"] is True
     losses = data["losses"]
-    assert losses["mirrored"] == pytest.approx(losses["single"], rel=1e-6)  # logged loss is not doubled
+    # Not doubled, and equal up to summation order (rel 1e-5, as on JAX); the
+    # half batch's loss is ~20x farther off.
+    assert losses["mirrored"] == pytest.approx(losses["single"], rel=1e-5)
+    assert losses["half"] != pytest.approx(losses["single"], rel=1e-5)
     states = data["states"]
     for group in ("trainable", "non_trainable", "optimizer"):
         pairs = list(zip(states["mirrored"][group], states["single"][group]))
