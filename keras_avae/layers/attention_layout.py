@@ -86,7 +86,8 @@ class SequenceLayout:
         if key_shape is None:
             return None
         mask = ops.cast(attention_mask, "bool")
-        mask = ops.reshape(mask, shape[:lead] + shape[lead + num_axes :])  # drop the query axes
+        # Squeezed, not reshaped: the batch and key sizes may be unknown.
+        mask = ops.squeeze(mask, axis=tuple(range(lead, lead + num_axes)))  # drop the query axes
         if lead == self.num_batch_axes + 1:
             mask = ops.squeeze(mask, axis=lead - 1)
             lead -= 1

@@ -473,9 +473,15 @@ def _causal_sums(q_prime, k_prime, v):
         q_prime = ops.pad(q_prime, ((0, 0), (0, pad), (0, 0), (0, 0)))
         k_prime = ops.pad(k_prime, ((0, 0), (0, pad), (0, 0), (0, 0)))
         v = ops.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
-    q_c = ops.reshape(q_prime, (batch, -1, chunk, heads, num_features))
-    k_c = ops.reshape(k_prime, (batch, -1, chunk, heads, num_features))
-    v_c = ops.reshape(v, (batch, -1, chunk, heads, value_dim))
+    # With a static length, the batch is the reshapes' inferred axis, so that
+    # TensorFlow keeps the static length when the batch size is unknown.
+    if isinstance(length, int):
+        batch, num_chunks = -1, (length + pad) // chunk
+    else:
+        num_chunks = -1
+    q_c = ops.reshape(q_prime, (batch, num_chunks, chunk, heads, num_features))
+    k_c = ops.reshape(k_prime, (batch, num_chunks, chunk, heads, num_features))
+    v_c = ops.reshape(v, (batch, num_chunks, chunk, heads, value_dim))
 
     # State carried into each chunk: the sums over all earlier chunks.
     kv_chunk = ops.einsum("bcinm,bcind->bcnmd", k_c, v_c)
@@ -491,8 +497,9 @@ def _causal_sums(q_prime, k_prime, v):
     numerator = numerator + ops.einsum("bcnij,bcjnd->bcind", scores, v_c)
     denominator = denominator + ops.transpose(ops.sum(scores, axis=-1), (0, 1, 3, 2))
 
-    numerator = ops.reshape(numerator, (batch, -1, heads, value_dim))[:, :length]
-    denominator = ops.reshape(denominator, (batch, -1, heads))[:, :length]
+    padded = num_chunks * chunk if isinstance(length, int) else -1
+    numerator = ops.reshape(numerator, (batch, padded, heads, value_dim))[:, :length]
+    denominator = ops.reshape(denominator, (batch, padded, heads))[:, :length]
     return numerator, denominator
 
 

@@ -546,6 +546,42 @@ class TestPerformerAttention(TestCase):
             x = sequences(14, length=length)
             self.assertAllClose(model.predict(x, verbose=0), layer(x, x, use_causal_mask=True), atol=1e-5)
 
+    @pytest.mark.parametrize("length", [6, 130])  # one chunk; three chunks with padding
+    def test_causal_output_keeps_static_length_under_unknown_batch(self, length):
+        # Traced with an unknown batch, TensorFlow inferred the chunked
+        # reshapes' length as None, so a Dense after Flatten could not build.
+        class Classifier(keras.Model):
+            def __init__(self):
+                super().__init__()
+                self.attention = PerformerAttention(num_heads=2, key_dim=4, num_random_features=16, seed=0)
+                self.flatten = keras.layers.Flatten()
+                self.head = keras.layers.Dense(1)
+
+            def call(self, x):
+                return self.head(self.flatten(self.attention(x, x, use_causal_mask=True)))
+
+        x = sequences(15, batch=4, length=length)
+        model = Classifier()
+        model.compile(optimizer="sgd", loss="mse")
+        history = model.fit(x, np.zeros((4, 1), "float32"), batch_size=2, epochs=1, verbose=0)
+        assert np.isfinite(history.history["loss"][0])
+        assert tuple(model.head.kernel.shape) == (length * 8, 1)
+        self.assertAllClose(model.predict(x, verbose=0), model(x), atol=1e-5)
+
+    def test_key_padding_attention_mask_as_model_input(self):
+        # A (B, 1, S) mask with an unknown batch was reshaped to a shape
+        # holding None, which TensorFlow refused.
+        x = sequences(16)
+        mask = np.array([[[1, 1, 1, 1, 0, 0]], [[1, 1, 1, 1, 1, 1]]], bool)
+        inputs, mask_input = keras.Input((6, 8)), keras.Input((1, 6), dtype="bool")
+        layer = PerformerAttention(num_heads=2, key_dim=4, num_random_features=16, seed=0)
+        model = keras.Model([inputs, mask_input], layer(inputs, inputs, attention_mask=mask_input))
+        expected = layer(x, x, value_mask=mask[:, 0])
+        self.assertAllClose(model.predict([x, mask], verbose=0), expected, atol=1e-5)
+        model.compile(optimizer="sgd", loss="mse")
+        history = model.fit([x, mask], np.zeros_like(x), epochs=1, verbose=0)
+        assert np.isfinite(history.history["loss"][0])
+
     @pytest.mark.parametrize(
         "kwargs, message",
         [
