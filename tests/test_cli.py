@@ -273,15 +273,15 @@ def test_train_evaluate_sample_end_to_end(tmp_path, capsys):
 
 
 def test_evaluate_binarises_the_train_split_once(tmp_path, capsys):
-    """`--split train` scores the same binary images whatever the batch size (dynamic draws would not)."""
+    """`--split train` scores every image, the same binary ones whatever the batch size (dynamic draws would not)."""
     data = tmp_path / "mnist"
     data.mkdir()
     make_mnist_dir(data, n_train=8, n_test=2)
     model = zoo.load("mnist-baseline-small", weights=None, **{k: int(v) for k, v in (s.split("=") for s in TINY_SETS)})
     weights = tmp_path / "fresh.weights.h5"
     model.save_weights(str(weights))
-    pixel_sums = []
-    for batch_size in ("2", "4"):
+    pixel_sums, counts = [], []
+    for batch_size in ("2", "4", "3"):
         progress = tmp_path / f"train-{batch_size}.npz"
         argv = ["evaluate", "mnist-baseline-small", "--weights", str(weights), "--data-dir", str(data), "--split"]
         argv += ["train", "--batch-size", batch_size, "--num-samples", "1", "--progress", str(progress)]
@@ -289,8 +289,12 @@ def test_evaluate_binarises_the_train_split_once(tmp_path, capsys):
         assert status == 0, err
         with np.load(progress) as scored:
             pixel_sums.append(scored["checksums"])
+            counts.append(len(scored["log_px"]))
     # Batch by batch: two batches of 2 hold the images of one batch of 4.
     np.testing.assert_array_equal(pixel_sums[0].reshape(-1, 2).sum(axis=1), pixel_sums[1])
+    # Batches of 3 end with a batch of 2, which was dropped (6 images scored).
+    assert counts == [8, 8, 8]
+    np.testing.assert_allclose(pixel_sums[2].sum(), pixel_sums[1].sum())
 
 
 @pytest.mark.slow

@@ -487,3 +487,18 @@ def test_every_image_loads_in_a_headless_browser(written, tmp_path):
     assert widths.pop("no-such-figure.png") == 0
     assert sorted(widths) == sorted(parse_page(written["out"] / "index.html").images) and len(widths) == 7
     assert all(width > 0 for width in widths.values()), widths
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_load_images_reads_the_first_images_of_either_split_in_any_batch_size(tmp_path, split):
+    # The train split's default drop_remainder lost a last partial batch
+    # (30 images in batches of 20 gave 20; a split smaller than a batch failed).
+    from keras_avae.report import load_images
+    from tests.test_datasets import make_mnist_dir
+
+    make_mnist_dir(tmp_path, n_train=7, n_test=7)
+    everything, text = load_images("mnist", tmp_path, split, num_images=500)
+    assert everything.shape == (7, 32, 32, 1) and f"first 7 images of the mnist {split} split" in text
+    for num_images, batch_size in ((5, 2), (7, 3), (20, 4)):
+        images, _ = load_images("mnist", tmp_path, split, num_images=num_images, batch_size=batch_size)
+        np.testing.assert_array_equal(images, everything[:num_images])

@@ -56,6 +56,7 @@ def _cmd_evaluate(args):
         args.data_dir,
         args.batch_size,
         shuffle=False,
+        drop_remainder=False,  # every image, for the train split too
         binarize=_fixed_binarize(data),
         seed=args.seed,
         limit=args.limit,

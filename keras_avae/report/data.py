@@ -42,6 +42,7 @@ def load_images(dataset, data_dir, split="test", num_images=500, seed=0, resize_
         data_dir,
         min(batch_size, num_images),
         shuffle=False,
+        drop_remainder=False,  # every image, for the train split too
         seed=seed,
         limit=num_images,
         resize_images=resize_images,
