@@ -33,6 +33,9 @@ _FAMILY_CLASSES = {
     "discrete_vae": ("keras_avae.models.discrete_vae", "DiscreteVAE"),
 }
 
+# Characters of a weights-loading error quoted in ours.
+_MAX_ERROR_DETAIL = 500
+
 
 def _family(family):
     module, name = _FAMILY_CLASSES[family]
@@ -323,9 +326,11 @@ def load(name, /, weights="default", **overrides):
             model.load_weights(str(path))
         except Exception as error:  # h5py/keras raise many kinds on bad files.
             overridden = f" with {_describe_changes(changes)}" if changes else ""
+            # Keras's shape errors print whole variables: its first sentences say enough.
+            detail = str(error) if len(str(error)) <= _MAX_ERROR_DETAIL else str(error)[:_MAX_ERROR_DETAIL] + " ..."
             raise ValueError(
                 f"Could not load weights into zoo entry {name!r}{overridden} (corrupt file or another "
-                f"architecture): {error}. Received: weights={str(weights)!r}"
+                f"architecture): {detail}. Received: weights={str(weights)!r}"
             ) from error
     return model
 

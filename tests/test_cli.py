@@ -270,6 +270,12 @@ def test_train_evaluate_sample_end_to_end(tmp_path, capsys):
     assert status == 2
     assert_one_line_error(err, "nonlocal_feature_seed=5 (this model: 0)", "--set nonlocal_feature_seed=5")
     assert run_main(sample + sets(TINY_SETS + ["nonlocal_feature_seed=5"]), capsys)[0] == 0
+    # Without the run's architecture --set the weights do not fit: the same
+    # hint, not Keras's error (8 KB of variable values on one line).
+    status, _, err = run_main(sample, capsys)
+    assert status == 2
+    assert_one_line_error(err, "records another configuration: num_layers=2 (this model: 4)", "--set num_layers=2")
+    assert "without error" not in err and len(err) < 600
 
 
 def test_evaluate_binarises_the_train_split_once(tmp_path, capsys):

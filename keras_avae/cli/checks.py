@@ -39,13 +39,21 @@ def _load_model(args):
     overrides = _parse_sets(args.set)
     if "seed" in overrides:
         raise UsageError(f"--set seed: the sampling seed is --seed. Received: --set seed={overrides['seed']!r}")
-    model = zoo.load(args.name, weights=args.weights, seed=args.seed, **overrides)
+    try:
+        model = zoo.load(args.name, weights=args.weights, seed=args.seed, **overrides)
+    except ValueError:
+        if args.weights != "pretrained":
+            # Weights of a run trained with architecture --set do not fit
+            # without them: its run.json names them, Keras's error does not.
+            fresh = zoo.load(args.name, weights=None, seed=args.seed, **overrides)
+            _check_against_run_record(args.weights, fresh, weights_fit=False)
+        raise
     if args.weights != "pretrained":
         _check_against_run_record(args.weights, model)
     return model
 
 
-def _check_against_run_record(weights, model):
+def _check_against_run_record(weights, model, weights_fit=True):
     from keras_avae import zoo
     from keras_avae.training.run_folder import _read_record
 
@@ -63,7 +71,8 @@ def _check_against_run_record(weights, model):
         trained = ", ".join(f"{key}={recorded[key]!r} (this model: {built[key]!r})" for key in differing)
         sets = " ".join(f"--set {key}={json.dumps(recorded[key])}" for key in differing)
         hint = " (or the run's --seed)" if differing == ["nonlocal_feature_seed"] else ""
+        silently = ", which these weights would load into without error" if weights_fit else ""
         raise UsageError(
-            f"--weights {weights}: its run folder's run.json records another configuration, which these "
-            f"weights would load into without error: {trained}. Load it as trained with {sets}{hint}"
+            f"--weights {weights}: its run folder's run.json records another configuration{silently}: "
+            f"{trained}. Load it as trained with {sets}{hint}"
         )
