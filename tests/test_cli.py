@@ -554,6 +554,24 @@ def test_commands_print_no_backend_log_lines_unless_asked(tmp_path):
         assert any(TF_LOG_LINE.search(line) for line in loud.stderr.splitlines()), loud.stderr
 
 
+@pytest.mark.slow
+def test_sample_from_a_run_folder_prints_no_backend_log_lines(tmp_path):
+    # The run.json check serialises the model's config, for which Keras
+    # imports TensorFlow on every backend: on PyTorch its start-up lines showed.
+    run = tmp_path / "run"
+    run.mkdir()
+    overrides = {k: int(v) for k, v in (s.split("=") for s in TINY_SETS)}
+    zoo.load("mnist-baseline-small", weights=None, **overrides).save_weights(str(run / "model.weights.h5"))
+    (run / "run.json").write_text(json.dumps({"config": overrides}))
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    out = tmp_path / "q.png"
+    command = [sys.executable, "-m", "keras_avae.cli", "sample", "mnist-baseline-small", "--weights"]
+    command += [str(run / "model.weights.h5"), "--num", "2", "--out", str(out)] + sets(TINY_SETS)
+    quiet = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    assert quiet.stderr.splitlines() == [f"Wrote 2 samples to {out}"], quiet.stderr
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="JAX's compilation cache")
 def test_a_jax_cache_the_user_configured_is_kept():
     import jax

@@ -27,7 +27,7 @@ def _stderr_silenced():
 
 
 def _import_backend(args, tensorflow=False):
-    """Imports Keras (and TensorFlow when the command uses `tf.data`), quietly unless asked.
+    """Imports Keras (and TensorFlow when the command needs it), quietly unless asked.
 
     TensorFlow prints its oneDNN and CUDA notices while it is imported,
     before `TF_CPP_MIN_LOG_LEVEL` takes effect, so they are hidden by

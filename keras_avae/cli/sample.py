@@ -23,7 +23,10 @@ def _cmd_sample(args):
     _check_dir(out_dir, "--out (its folder)")
     _check_weights(args)
     _parse_sets(args.set)
-    _import_backend(args)
+    # A weights file is checked against its run folder's run.json through
+    # the model's config, which Keras serialises with TensorFlow when it is
+    # installed: imported here, its start-up lines stay hidden on every backend.
+    _import_backend(args, tensorflow=args.weights != "pretrained")
     import inspect
 
     import numpy as np
