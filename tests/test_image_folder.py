@@ -172,6 +172,22 @@ def test_split_folders_spelt_otherwise_are_refused(tmp_path, names):
         datasets.read_image_folder(tmp_path, "train", "grey")
 
 
+def test_images_beside_the_split_folders_are_refused(tmp_path):
+    # Before: the 50 images in extra/ and the folder itself were skipped without a word.
+    write_images(tmp_path / "train", 3)
+    write_images(tmp_path / "test", 2)
+    (tmp_path / "notes.txt").write_text("not an image")
+    (tmp_path / "empty").mkdir()
+    write_images(tmp_path / ".hidden", 2)
+    assert len(datasets.read_image_folder(tmp_path, "train", "grey")[0]) == 3  # nothing stray yet
+    write_images(tmp_path / "extra" / "deeper", 2)
+    write_images(tmp_path, 2, prefix="loose")
+    for split in ("train", "test"):
+        with pytest.raises(ValueError, match=r"outside its train/ and test/ folders.*: extra/, loose_000\.png, "
+                           r"loose_001\.png\. Move them into train/ or test/"):
+            datasets.read_image_folder(tmp_path, split, "grey")
+
+
 def test_transparent_images_are_refused_opaque_alpha_is_dropped(tmp_path):
     # Before: a glyph drawn in the alpha channel over black pixels loaded as a blank image.
     glyph = np.zeros((28, 28, 4), np.uint8)

@@ -113,6 +113,7 @@ def _split_files(root, split):
                 f"{root} {problem}. Use both train/ and test/ (these names, lower case), or neither (a flat "
                 f"folder or class subfolders, split by file hash). Received: path={str(root)!r}"
             )
+        _check_nothing_beside_splits(root)
         files = _image_files(root / split)
         if not files:
             raise ValueError(f"{root / split}: no image files ({', '.join(_SUFFIXES)}) for the {split} split.")
@@ -132,6 +133,23 @@ def _split_files(root, split):
             f"train/ and test/ subfolders. Received: path={str(root)!r}, split={split!r}"
         )
     return root, files, sorted({_class_of(f) for f in every})
+
+
+def _check_nothing_beside_splits(root):
+    """Raises for images beside `train/` and `test/`: neither split would read them."""
+    stray = [
+        entry.name + ("/" if entry.is_dir() else "")
+        for entry in sorted(root.iterdir())
+        if not entry.name.startswith(".")
+        and entry.name not in ("train", "test")
+        and (_has_images(entry) if entry.is_dir() else entry.name.lower().endswith(_SUFFIXES))
+    ]
+    if stray:
+        shown = ", ".join(stray[:5]) + (f" and {len(stray) - 5} more" if len(stray) > 5 else "")
+        raise ValueError(
+            f"{root} holds images outside its train/ and test/ folders, which neither split reads: {shown}. "
+            f"Move them into train/ or test/, or out of the folder. Received: path={str(root)!r}"
+        )
 
 
 def _class_of(relative_path):
@@ -201,7 +219,8 @@ def read_image_folder(path, split, kind, resize=False):
 
     - `path/train/` and `path/test/`: the split is its folder (searched
       recursively). Other spellings of the split folders (`Train/`,
-      `testing/`, ...) are refused rather than read as classes.
+      `testing/`, ...) are refused rather than read as classes, and so are
+      images beside the two folders (neither split would read them).
     - Otherwise (a flat folder, or a folder of class subfolders), every image
       file is assigned to a split by the SHA-1 hash of its path relative to
       `path`: about 10% go to `"test"`, the rest to `"train"`. The split is
