@@ -254,6 +254,14 @@ class DiscretizedLogisticMixtureDistribution:
         """
         if _is_number(temperature) and not temperature >= 0:
             raise ValueError(f"`temperature` must be >= 0. Received: temperature={temperature}")
+        if isinstance(self.params, keras.KerasTensor):
+            # Random draws need a concrete shape, and a functional graph would
+            # not own their seed state.
+            raise ValueError(
+                "`sample()` draws random numbers, so it cannot build a functional graph: call it on concrete "
+                "parameters (in a layer's or model's `call()`, or eagerly on a model's outputs). `log_prob()` "
+                f"and `mean()` take `KerasTensor` parameters. Received: params={self.params!r}"
+            )
         logits, means, log_scales, coefficients = self._components()
         k = self.num_mixtures
         # One draw for everything, so that an int seed is not reused.

@@ -25,9 +25,10 @@ class DiscretizedLogisticMixture(keras.layers.Layer):
     `P = 10 * num_mixtures` for RGB, `3 * num_mixtures` for one channel.
 
     In the functional API the returned distribution holds `KerasTensor`
-    parameters, so its methods build graph operations:
+    parameters, so `log_prob` and `mean` build graph operations:
     `keras.Model([features, x], head(features).log_prob(x))` works, trains
-    and saves.
+    and saves. `sample` draws random numbers and needs concrete parameters
+    (call it inside a `call()`, or on a model's outputs).
 
     Reference:
         - [Salimans et al., 2017](https://arxiv.org/abs/1701.05517),

@@ -129,7 +129,8 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
             defaults to `value`.
         query_mask: optional `(B, T)` mask of valid queries (by default the
             query's Keras mask); see above for what masked queries get.
-            Propagated to the output.
+            As in `MultiHeadAttention`, the output carries the query's Keras
+            mask, not an explicit `query_mask`.
         value_mask: optional `(B, S)` boolean mask of valid keys.
         key_mask: optional `(B, S)` boolean mask of valid keys.
         attention_mask: optional boolean mask in `MultiHeadAttention`'s

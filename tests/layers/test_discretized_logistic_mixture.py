@@ -440,6 +440,10 @@ class TestDiscretizedLogisticMixture(TestCase):
         assert isinstance(dist.params, keras.KerasTensor)
         assert dist.params.shape == (None, None, None, 12) == layer.compute_output_shape((None, None, None, 6))
         assert (dist.num_mixtures, dist.num_channels, dist.num_bins, dist.reference_edge_bug) == (4, 1, 256, True)
+        assert dist.mean().shape == (None, None, None, 1)
+        # Before: each backend's own error from inside keras.random.uniform.
+        with pytest.raises(ValueError, match=r"`sample\(\)` draws random numbers.*Received: params=<KerasTensor"):
+            dist.sample(seed=1)
 
     def test_eager_call_matches_the_projection(self):
         features = np.random.RandomState(1).normal(size=(2, 3, 3, 4)).astype("float32")
