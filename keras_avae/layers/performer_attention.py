@@ -371,7 +371,7 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
                 value, self._dropout, noise_shape=(None, None, None, 1), seed=self._dropout_layer.seed_generator
             )
         return favor_attention(
-            query, key, value, features, kernel=self.kernel, causal=use_causal_mask, key_mask=key_mask, eps=self.eps
+            query, key, value, features, kernel=self.kernel, causal=bool(use_causal_mask), key_mask=key_mask, eps=self.eps
         )
 
     def _check_call_arguments(self, query, attention_mask, return_attention_scores):

@@ -19,6 +19,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_avae._validation import check_bool
 from keras_avae._validation import is_finite_real
 from keras_avae.ops.channels import split_channels
 
@@ -220,6 +221,8 @@ def favor_attention(
     >>> tuple(favor_attention(q, q, v, w, causal=True).shape)
     (2, 10, 4, 6)
     """
+    check_bool(causal, "causal")
+    _check_attention_shapes(query, key, value, key_mask)
     if causal and query.shape[1] is not None and key.shape[1] is not None and query.shape[1] != key.shape[1]:
         raise ValueError(
             "`causal=True` requires as many queries as keys. "
@@ -255,6 +258,39 @@ def favor_attention(
     # term of the numerator is zero too (no valid key): return 0, not NaN.
     denominator = ops.where(denominator > 0, denominator, ops.ones_like(denominator))
     return ops.cast(numerator / ops.expand_dims(denominator, -1), query.dtype)
+
+
+def _check_attention_shapes(query, key, value, key_mask):
+    """Raises for shapes that do not fit `(B, T, N, d)`, `(B, S, N, d)`, `(B, S, N, d_v)`, `(B, S)`.
+
+    Only known sizes are compared. Without it, TensorFlow raised from inside
+    an einsum, and JAX and PyTorch broadcast a batch or a head of size 1.
+    """
+    shapes = {name: tuple(x.shape) for name, x in (("query", query), ("key", key), ("value", value))}
+    if key_mask is not None:
+        shapes["key_mask"] = tuple(key_mask.shape)
+    received = ", ".join(f"{name}.shape={shape}" for name, shape in shapes.items())
+    rank = len(shapes["query"])
+    if rank not in (3, 4) or len(shapes["key"]) != rank or len(shapes["value"]) != rank:
+        raise ValueError(
+            f"`query`, `key` and `value` must be (B, T, N, d), (B, S, N, d) and (B, S, N, d_v) tensors, or "
+            f"(B, T, d), (B, S, d) and (B, S, d_v) for one head. Received: {received}"
+        )
+    # (array, axis) pairs whose known sizes must agree: batch, sequence, heads, channels.
+    groups = [
+        [("query", 0), ("key", 0), ("value", 0)] + ([("key_mask", 0)] if key_mask is not None else []),
+        [("key", 1), ("value", 1)] + ([("key_mask", 1)] if key_mask is not None else []),
+        [("query", rank - 1), ("key", rank - 1)],
+    ]
+    if rank == 4:
+        groups.append([("query", 2), ("key", 2), ("value", 2)])
+    if key_mask is not None and len(shapes["key_mask"]) != 2:
+        raise ValueError(f"`key_mask` must be a (B, S) tensor. Received: {received}")
+    for group in groups:
+        sizes = {shapes[name][axis] for name, axis in group} - {None}
+        if len(sizes) > 1:
+            axes = ", ".join(f"{name} axis {axis}" for name, axis in group)
+            raise ValueError(f"These sizes must be equal: {axes}. Received: {received}")
 
 
 def _single_head_attention(query, key, value, random_features, kernel, scale, eps, valid, value_map=None):
@@ -405,8 +441,8 @@ def check_favor_eps(eps):
 def _validate(kernel, scale, eps):
     if kernel not in _KERNELS:
         raise ValueError(f"`kernel` must be one of {_KERNELS}. Received: kernel={kernel!r}")
-    if scale is not None and not scale > 0:
-        raise ValueError(f"`scale` must be positive or None. Received: scale={scale}")
+    if scale is not None and not (is_finite_real(scale) and scale > 0):
+        raise ValueError(f"`scale` must be a finite positive number or None. Received: scale={scale!r}")
     check_favor_eps(eps)
 
 

@@ -270,6 +270,35 @@ class TestFavorFeatureMap(TestCase):
         message = r"`random_features` must have one column per channel.*\(8\).*shape=\(16, 3\)"
         with pytest.raises(ValueError, match=message):
             favor_attention(q, q, q, orthogonal_random_features(16, 3, seed=0))
+        # Before: inf gave NaN attention, a string a TypeError, and "no" was causal.
+        for scale in (float("inf"), float("nan"), "0.5", True):
+            message = rf"`scale` must be a finite positive number.*scale={re.escape(repr(scale))}"
+            with pytest.raises(ValueError, match=message):
+                favor_attention(q, q, q, w, scale=scale)
+        for causal in ("no", 1, None):
+            with pytest.raises(ValueError, match=rf"`causal` must be a bool. Received: causal={causal!r}"):
+                favor_attention(q, q, q, w, causal=causal)
+
+    def test_mismatched_shapes_name_the_arrays(self):
+        # Before: TensorFlow raised from inside an einsum, while JAX and
+        # PyTorch broadcast a batch or a head of size 1 and returned a result.
+        q, k, v = random_qkv(0)  # (2, T, 2, 8)
+        w = orthogonal_random_features(16, 8, seed=0)
+        cases = [
+            ((q, k[:1], v[:1], None), r"query axis 0, key axis 0, value axis 0"),
+            ((q, k[:, :, :1], v[:, :, :1], None), r"query axis 2, key axis 2, value axis 2"),
+            ((q, k, v[:, :-1], None), r"key axis 1, value axis 1"),
+            ((q, k, v, np.ones((2, k.shape[1] - 1), bool)), r"key axis 1, value axis 1, key_mask axis 1"),
+            ((q, k[..., :4], v, None), r"query axis 3, key axis 3"),
+            ((q, k, v, np.ones((2, k.shape[1], 1), bool)), r"`key_mask` must be a \(B, S\) tensor"),
+            ((q, k[0], v, None), r"must be \(B, T, N, d\), \(B, S, N, d\) and \(B, S, N, d_v\)"),
+        ]
+        for (query, key, value, key_mask), message in cases:
+            with pytest.raises(ValueError, match=message + r".*Received: query.shape="):
+                favor_attention(query, key, value, w, key_mask=key_mask)
+        # Single head without a head axis: (B, T, d).
+        with pytest.raises(ValueError, match=r"key axis 1, value axis 1"):
+            favor_attention(q[:, :, 0], k[:, :, 0], v[:, :-1, 0], w)
 
 
 class TestFavorAttention(TestCase):
