@@ -70,7 +70,8 @@ class VAEHyperModel(keras_tuner.HyperModel):
             filters); the three switches take a non-empty list of bools
             (both values search the switch, one value fixes it); a repeated
             value counts once; `learning_rate` takes a `(low, high)` range,
-            `0 < low <= high`, sampled on a log scale. Anything else raises a
+            `min_learning_rate <= low <= high` (the recipe's floor, 1e-4 in
+            the zoo's recipes), sampled on a log scale. Anything else raises a
             `ValueError` here, at construction.
         seed: weight-initialisation seed, an int in `[0, 2**32)`, the same
             for every trial (`build` reseeds Keras' global generator with it).
@@ -122,6 +123,14 @@ class VAEHyperModel(keras_tuner.HyperModel):
             )
         space.update(search_space or {})
         self.search_space = {k: _checked(k, v) for k, v in space.items() if v is not None}
+        floor = training.resolve_recipe(entry).get("min_learning_rate")
+        if "learning_rate" in self.search_space and floor and self.search_space["learning_rate"][0] < floor:
+            # The schedule decays from the sampled peak to the recipe's floor:
+            # a trial sampling below it failed in `build`.
+            raise ValueError(
+                f"`search_space['learning_rate']` must not reach below the recipe's min_learning_rate ({floor}), "
+                f"the floor the schedule decays to. Received: {search_space['learning_rate']!r}"
+            )
         self.overrides = dict(overrides or {})
         clashes = [
             f"overrides[{name!r}]={self.overrides[name]!r} vs search_space[{key!r}]={self.search_space[key]!r}"

@@ -99,6 +99,17 @@ def test_bad_search_space_values_are_refused_at_construction(key, value, form, s
         VAEHyperModel(search_space={key: value})
 
 
+def test_a_learning_rate_range_below_the_recipes_floor_is_refused_at_construction():
+    # Before: accepted, then `build` failed in the schedule for every rate
+    # sampled below min_learning_rate (1e-4, the floor it decays to).
+    for low in (1e-5, 5e-5):
+        with pytest.raises(ValueError, match=r"must not reach below the recipe's min_learning_rate \(0\.0001\)"):
+            VAEHyperModel(search_space={"learning_rate": (low, 1e-3)})
+    hypermodel = VAEHyperModel(search_space={"learning_rate": (1e-4, 1e-4)}, steps_per_epoch=2)
+    hp = keras_tuner.HyperParameters()
+    assert hypermodel._recipe(hp)["learning_rate"] == 1e-4
+
+
 def test_search_space_forms_are_accepted_and_canonical():
     hypermodel = VAEHyperModel(
         search_space={

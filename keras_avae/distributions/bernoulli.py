@@ -2,6 +2,7 @@
 
 from keras import ops
 
+from keras_avae._validation import check_crop
 from keras_avae.distributions.tfp import has_tfp
 from keras_avae.distributions.tfp import tfd
 
@@ -27,6 +28,9 @@ def bernoulli_log_prob(logits, x, crop=0):
     >>> round(float(lp[0]), 4)  # 16 * log(1/2)
     -11.0904
     """
+    # An out-of-range crop sliced away every pixel: a log-probability of 0.
+    spatial = tuple(logits.shape[1:3])
+    check_crop(crop, spatial if None not in spatial else (float("inf"),) * 2)
     logits = ops.cast(logits, "float32")
     x = ops.cast(x, "float32")
     if crop:

@@ -1,6 +1,7 @@
 """Latent Gaussians against NumPy/SciPy formulas (and TFP where it runs)."""
 
 import numpy as np
+import pytest
 from scipy import stats
 
 from keras_avae.distributions.bernoulli import bernoulli_log_prob
@@ -58,6 +59,10 @@ def test_bernoulli_log_prob_and_crop():
     np.testing.assert_allclose(to_numpy(bernoulli_log_prob(logits, x)), full.reshape(2, -1).sum(-1), rtol=1e-5)
     cropped = full[:, 2:-2, 2:-2].reshape(2, -1).sum(-1)
     np.testing.assert_allclose(to_numpy(bernoulli_log_prob(logits, x, crop=2)), cropped, rtol=1e-5)
+    # Before: crops that leave no pixel scored a perfect 0 (-1, 3, 4), and 1.5 a TypeError.
+    for crop in (-1, 3, 4, 1.5, True):
+        with pytest.raises(ValueError, match=rf"`crop` must be a non-negative int smaller than half.*crop={crop!r}$"):
+            bernoulli_log_prob(logits, x, crop=crop)
 
 
 def test_bernoulli_log_prob_of_grey_levels_and_extreme_logits():
