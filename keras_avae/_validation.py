@@ -39,12 +39,12 @@ def concrete_numpy(value, name):
         ) from None
 
 
-def check_images(x, image_shape, pixel_range, name="x"):
+def check_images(x, image_shape, pixel_range, name="x", allow_non_finite=False):
     """Checks a batch of images and returns it as a float32 NumPy array.
 
-    Raises `ValueError` naming `name` for: a non-numeric array, a wrong rank
-    or image shape, an empty batch, NaN or infinite values, or values
-    outside `pixel_range`.
+    Raises `ValueError` naming `name` for: a non-numeric (or complex) array,
+    a wrong rank or image shape, an empty batch, NaN or infinite values
+    (unless `allow_non_finite`), or finite values outside `pixel_range`.
 
     Example:
 
@@ -56,7 +56,7 @@ def check_images(x, image_shape, pixel_range, name="x"):
     ValueError: `x` contains 32 non-finite values (NaN or inf), in images [0, 1]. Received: x with shape (2, 4, 4, 1)
     """
     array = concrete_numpy(x, name)
-    if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
+    if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool) or np.iscomplexobj(array):
         raise ValueError(
             f"`{name}` must be a numeric array of images. Received: {name} of dtype {array.dtype} "
             f"with shape {array.shape}"
@@ -73,7 +73,7 @@ def check_images(x, image_shape, pixel_range, name="x"):
         )
     array = array.astype("float32", copy=False)
     finite = np.isfinite(array)
-    if not finite.all():
+    if not finite.all() and not allow_non_finite:
         bad_images = np.flatnonzero(~finite.reshape(len(array), -1).all(axis=1))
         shown = bad_images[:5].tolist()
         more = f" and {len(bad_images) - 5} more" if len(bad_images) > 5 else ""
@@ -82,7 +82,8 @@ def check_images(x, image_shape, pixel_range, name="x"):
             f"Received: {name} with shape {tuple(array.shape)}"
         )
     low, high = pixel_range
-    x_min, x_max = float(array.min()), float(array.max())
+    values = array[finite] if not finite.all() else array
+    x_min, x_max = (float(values.min()), float(values.max())) if values.size else (low, high)
     if x_min < low or x_max > high:
         raise ValueError(
             f"Expected pixel values of `{name}` in [{low}, {high}]. "

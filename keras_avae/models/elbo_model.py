@@ -75,11 +75,33 @@ class ELBOModel(PresetMixin, keras.Model):
 
     def fit(self, x=None, y=None, *args, **kwargs):
         _check_sample_weight(keras.Model.fit, self, x, y, args, kwargs)
+        self._check_array_images(x, "x")
+        validation = inspect.signature(keras.Model.fit).bind_partial(self, x, y, *args, **kwargs).arguments
+        validation = validation.get("validation_data")
+        self._check_array_images(validation[0] if isinstance(validation, (tuple, list)) else validation,
+                                 "validation_data")
         return super().fit(x, y, *args, **kwargs)
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
         _check_sample_weight(keras.Model.evaluate, self, x, y, args, kwargs)
+        self._check_array_images(x, "x")
         return super().evaluate(x, y, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        self._check_array_images(x, "x")
+        return super().predict(x, *args, **kwargs)
+
+    def _check_array_images(self, x, name):
+        """The inference methods' image checks for arrays and tensors given to `fit`, `evaluate`, `predict`.
+
+        Without them, pixels outside the likelihood's range gave a finite,
+        meaningless loss, and a wrong image shape an error from inside the
+        gradient computation. Non-finite pixels pass: they give a NaN loss
+        in plain view, and `NonFiniteGuard` skips their steps. Datasets and
+        generators are not read ahead.
+        """
+        if isinstance(x, np.ndarray) or (x is not None and ops.is_tensor(x)):
+            check_images(x, self.image_shape, self.pixel_range, name=name, allow_non_finite=True)
 
     def load_weights(self, filepath, *args, **kwargs):
         """`keras.Model.load_weights`, building an unbuilt model first (its `image_shape` is known)."""

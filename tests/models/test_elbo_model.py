@@ -165,6 +165,36 @@ def test_sample_weight_weighs_loss_and_metrics_per_image():
         model.evaluate(x, None, 4, 0, np.ones(4, "float32"))
 
 
+def test_fit_evaluate_and_predict_check_array_images():
+    # Before: 0-255 pixels and [-1, 1] pixels gave a finite, meaningless
+    # NELBO, and 28x28 images failed inside the gradient computation.
+    model = HierarchicalVAE(**dict(TINY, seed=3))
+    model.compile(optimizer="adam", jit_compile=False)
+    x = (np.random.default_rng(0).random((4, *TINY["image_shape"])) > 0.5).astype("float32")
+    calls = {
+        "fit": lambda bad: model.fit(bad, epochs=1, verbose=0),
+        "evaluate": lambda bad: model.evaluate(bad, verbose=0),
+        "predict": lambda bad: model.predict(bad, verbose=0),
+        "fit(validation_data)": lambda bad: model.fit(x, validation_data=(bad, None), epochs=1, verbose=0),
+    }
+    for method, call in calls.items():
+        name = "validation_data" if "validation" in method else "x"
+        for bad, message in (
+            (x * 255, rf"pixel values of `{name}` in \[0\.0, 1\.0\].*values in \[0\.0, 255\.0\]"),
+            (2 * x - 1, rf"pixel values of `{name}` in \[0\.0, 1\.0\].*values in \[-1\.0, 1\.0\]"),
+            (x[:, 2:-2, 2:-2], rf"Expected `{name}` of shape \(batch, 8, 8, 1\).*\(4, 4, 4, 1\)"),
+            (x.astype("complex64"), rf"`{name}` must be a numeric array.*complex64"),
+        ):
+            with pytest.raises(ValueError, match=message):
+                call(bad)
+    # A NaN pixel passes (the loss shows NaN; NonFiniteGuard skips its step),
+    # and grey levels are in range.
+    with_nan = x.copy()
+    with_nan[0, 0, 0, 0] = np.nan
+    assert np.isnan(model.evaluate(with_nan, verbose=0, return_dict=True)["nelbo"])
+    assert np.isfinite(model.evaluate(x * 0.5, verbose=0, return_dict=True)["nelbo"])
+
+
 @pytest.mark.skipif(BACKEND == "torch", reason="jit_compile=True is torch.compile there, not a traced-step XLA")
 def test_an_unbuilt_model_trains_with_jit_compile():
     # TensorFlow built an unbuilt model inside the first traced step, which
