@@ -268,7 +268,7 @@ def _check_attention_shapes(query, key, value, key_mask):
     """
     shapes = {name: tuple(x.shape) for name, x in (("query", query), ("key", key), ("value", value))}
     if key_mask is not None:
-        shapes["key_mask"] = tuple(key_mask.shape)
+        shapes["key_mask"] = tuple(key_mask.shape) if hasattr(key_mask, "shape") else np.shape(key_mask)  # a list
     received = ", ".join(f"{name}.shape={shape}" for name, shape in shapes.items())
     rank = len(shapes["query"])
     if rank not in (3, 4) or len(shapes["key"]) != rank or len(shapes["value"]) != rank:

@@ -296,6 +296,11 @@ class TestFavorFeatureMap(TestCase):
         for (query, key, value, key_mask), message in cases:
             with pytest.raises(ValueError, match=message + r".*Received: query.shape="):
                 favor_attention(query, key, value, w, key_mask=key_mask)
+        # A key_mask given as a list is still read.
+        mask = np.ones((2, k.shape[1]), bool)
+        mask[0, -3:] = False
+        expected = favor_attention(q, k, v, w, key_mask=mask)
+        self.assertAllClose(favor_attention(q, k, v, w, key_mask=mask.tolist()), expected)
         # Single head without a head axis: (B, T, d).
         with pytest.raises(ValueError, match=r"key axis 1, value axis 1"):
             favor_attention(q[:, :, 0], k[:, :, 0], v[:, :-1, 0], w)
