@@ -805,7 +805,11 @@ def test_shipped_samples_are_the_first_images_of_the_real_test_splits():
         pytest.skip(f"the real data sets are not beside the repository ({root})")
     omniglot, alphabets = datasets.load("omniglot", root / "omniglot", "test")
     grey, labels = datasets.shipped_sample("omniglot", 100, binarize=None, with_labels=True)
-    np.testing.assert_array_equal(grey[:, 2:30, 2:30], omniglot[:100])
+    # The area averaging is a float32 matrix product, which BLAS sums in the
+    # order of the CPU's kernel: 1 float32 ulp (2.4e-7) on 3.5% of these
+    # pixels on an AVX-512/AMX Xeon. Other images differ by 1/225 or more.
+    np.testing.assert_allclose(grey[:, 2:30, 2:30], omniglot[:100], rtol=0, atol=5e-7)
+    assert np.abs(grey[:, 2:30, 2:30] - omniglot[1:101]).max() >= 1 / 225
     np.testing.assert_array_equal(labels, alphabets[:100])
     cifar, classes = datasets.load("cifar10", root / "cifar10", "test")
     pixels, labels = datasets.shipped_sample("cifar10", 100, with_labels=True)
