@@ -129,7 +129,7 @@ class VAEHyperModel(keras_tuner.HyperModel):
             # a trial sampling below it failed in `build`.
             raise ValueError(
                 f"`search_space['learning_rate']` must not reach below the recipe's min_learning_rate ({floor}), "
-                f"the floor the schedule decays to. Received: {search_space['learning_rate']!r}"
+                f"the floor the schedule decays to. Received: {self.search_space['learning_rate']!r}"
             )
         self.overrides = dict(overrides or {})
         clashes = [
