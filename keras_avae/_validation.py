@@ -73,7 +73,8 @@ def check_images(x, image_shape, pixel_range, name="x", allow_non_finite=False):
         )
     array = array.astype("float32", copy=False)
     finite = np.isfinite(array)
-    if not finite.all() and not allow_non_finite:
+    all_finite = bool(finite.all())
+    if not all_finite and not allow_non_finite:
         bad_images = np.flatnonzero(~finite.reshape(len(array), -1).all(axis=1))
         shown = bad_images[:5].tolist()
         more = f" and {len(bad_images) - 5} more" if len(bad_images) > 5 else ""
@@ -82,7 +83,7 @@ def check_images(x, image_shape, pixel_range, name="x", allow_non_finite=False):
             f"Received: {name} with shape {tuple(array.shape)}"
         )
     low, high = pixel_range
-    values = array[finite] if not finite.all() else array
+    values = array if all_finite else array[finite]
     x_min, x_max = (float(values.min()), float(values.max())) if values.size else (low, high)
     if x_min < low or x_max > high:
         raise ValueError(

@@ -327,7 +327,9 @@ def load(name, /, weights="default", **overrides):
         except Exception as error:  # h5py/keras raise many kinds on bad files.
             overridden = f" with {_describe_changes(changes)}" if changes else ""
             # Keras's shape errors print whole variables: its first sentences say enough.
-            detail = str(error) if len(str(error)) <= _MAX_ERROR_DETAIL else str(error)[:_MAX_ERROR_DETAIL] + " ..."
+            detail = str(error)
+            if len(detail) > _MAX_ERROR_DETAIL:
+                detail = detail[:_MAX_ERROR_DETAIL] + " ..."
             raise ValueError(
                 f"Could not load weights into zoo entry {name!r}{overridden} (corrupt file or another "
                 f"architecture): {detail}. Received: weights={str(weights)!r}"

@@ -37,6 +37,11 @@ def sets(values):
     return [arg for value in values for arg in ("--set", value)]
 
 
+def tiny_overrides():
+    """`TINY_SETS` as `zoo.load` keyword arguments."""
+    return {key: int(value) for key, value in (s.split("=") for s in TINY_SETS)}
+
+
 def run_main(argv, capsys):
     status = cli.main(argv)
     out, err = capsys.readouterr()
@@ -283,7 +288,7 @@ def test_evaluate_binarises_the_train_split_once(tmp_path, capsys):
     data = tmp_path / "mnist"
     data.mkdir()
     make_mnist_dir(data, n_train=8, n_test=2)
-    model = zoo.load("mnist-baseline-small", weights=None, **{k: int(v) for k, v in (s.split("=") for s in TINY_SETS)})
+    model = zoo.load("mnist-baseline-small", weights=None, **tiny_overrides())
     weights = tmp_path / "fresh.weights.h5"
     model.save_weights(str(weights))
     pixel_sums, counts = [], []
@@ -298,7 +303,7 @@ def test_evaluate_binarises_the_train_split_once(tmp_path, capsys):
             counts.append(len(scored["log_px"]))
     # Batch by batch: two batches of 2 hold the images of one batch of 4.
     np.testing.assert_array_equal(pixel_sums[0].reshape(-1, 2).sum(axis=1), pixel_sums[1])
-    # Batches of 3 end with a batch of 2, which was dropped (6 images scored).
+    # Batches of 3 end with a batch of 2, which the train split used to drop (6 images scored).
     assert counts == [8, 8, 8]
     np.testing.assert_allclose(pixel_sums[2].sum(), pixel_sums[1].sum())
 
@@ -560,7 +565,7 @@ def test_sample_from_a_run_folder_prints_no_backend_log_lines(tmp_path):
     # imports TensorFlow on every backend: on PyTorch its start-up lines showed.
     run = tmp_path / "run"
     run.mkdir()
-    overrides = {k: int(v) for k, v in (s.split("=") for s in TINY_SETS)}
+    overrides = tiny_overrides()
     zoo.load("mnist-baseline-small", weights=None, **overrides).save_weights(str(run / "model.weights.h5"))
     (run / "run.json").write_text(json.dumps({"config": overrides}))
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}

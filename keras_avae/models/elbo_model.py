@@ -74,16 +74,17 @@ class ELBOModel(PresetMixin, keras.Model):
         self.built = True
 
     def fit(self, x=None, y=None, *args, **kwargs):
-        _check_sample_weight(keras.Model.fit, self, x, y, args, kwargs)
+        arguments = _arguments(keras.Model.fit, self, x, y, args, kwargs)
+        _check_sample_weight(arguments.get("sample_weight"), y)
         self._check_array_images(x, "x")
-        validation = inspect.signature(keras.Model.fit).bind_partial(self, x, y, *args, **kwargs).arguments
-        validation = validation.get("validation_data")
-        self._check_array_images(validation[0] if isinstance(validation, (tuple, list)) else validation,
-                                 "validation_data")
+        validation = arguments.get("validation_data")
+        if isinstance(validation, (tuple, list)):
+            validation = validation[0]
+        self._check_array_images(validation, "validation_data")
         return super().fit(x, y, *args, **kwargs)
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
-        _check_sample_weight(keras.Model.evaluate, self, x, y, args, kwargs)
+        _check_sample_weight(_arguments(keras.Model.evaluate, self, x, y, args, kwargs).get("sample_weight"), y)
         self._check_array_images(x, "x")
         return super().evaluate(x, y, *args, **kwargs)
 
@@ -280,13 +281,13 @@ class ELBOModel(PresetMixin, keras.Model):
         return importance_sampled_log_likelihood(self, x, num_samples=num_samples, chunk_size=chunk_size)
 
 
-def _check_sample_weight(method, model, x, y, args, kwargs):
-    """Refuses `sample_weight` that Keras would drop (no `y`) or that is not one weight per image.
+def _arguments(method, model, x, y, args, kwargs):
+    """The arguments of a call of the Keras `method` by name, those given by position too."""
+    return inspect.signature(method).bind_partial(model, x, y, *args, **kwargs).arguments
 
-    `method` is the Keras method called: its signature finds a `sample_weight` given by position too.
-    """
-    bound = inspect.signature(method).bind_partial(model, x, y, *args, **kwargs)
-    sample_weight = bound.arguments.get("sample_weight")
+
+def _check_sample_weight(sample_weight, y):
+    """Refuses `sample_weight` that Keras would drop (no `y`) or that is not one weight per image."""
     if sample_weight is None:
         return
     if y is None:

@@ -276,17 +276,18 @@ def _check_attention_shapes(query, key, value, key_mask):
             f"`query`, `key` and `value` must be (B, T, N, d), (B, S, N, d) and (B, S, N, d_v) tensors, or "
             f"(B, T, d), (B, S, d) and (B, S, d_v) for one head. Received: {received}"
         )
-    # (array, axis) pairs whose known sizes must agree: batch, sequence, heads, channels.
+    if key_mask is not None and len(shapes["key_mask"]) != 2:
+        raise ValueError(f"`key_mask` must be a (B, S) tensor. Received: {received}")
+    # (array, axis) pairs whose known sizes must agree: batch, sequence, channels, heads.
     groups = [
-        [("query", 0), ("key", 0), ("value", 0)] + ([("key_mask", 0)] if key_mask is not None else []),
-        [("key", 1), ("value", 1)] + ([("key_mask", 1)] if key_mask is not None else []),
+        [("query", 0), ("key", 0), ("value", 0), ("key_mask", 0)],
+        [("key", 1), ("value", 1), ("key_mask", 1)],
         [("query", rank - 1), ("key", rank - 1)],
     ]
     if rank == 4:
         groups.append([("query", 2), ("key", 2), ("value", 2)])
-    if key_mask is not None and len(shapes["key_mask"]) != 2:
-        raise ValueError(f"`key_mask` must be a (B, S) tensor. Received: {received}")
     for group in groups:
+        group = [(name, axis) for name, axis in group if name in shapes]
         sizes = {shapes[name][axis] for name, axis in group} - {None}
         if len(sizes) > 1:
             axes = ", ".join(f"{name} axis {axis}" for name, axis in group)
