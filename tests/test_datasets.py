@@ -1,7 +1,8 @@
 """Tests of keras_avae.datasets on tiny files written in each original format.
 
-Nothing here reads ../shared/data: every test writes its own IDX, MATLAB,
-pickle, tar.gz and .npz files into `tmp_path`.
+Every test but one writes its own IDX, MATLAB, pickle, tar.gz and .npz
+files into `tmp_path`; the one compares the shipped samples with the real
+test splits in ../shared/data (skipped without them).
 """
 
 import gzip
