@@ -264,7 +264,7 @@ def bits_per_dim(nats, num_dims):
     >>> round(bits_per_dim(3072 * math.log(2.0), 3072), 6)
     1.0
     """
-    return nats / (num_dims * math.log(2.0))
+    return nats / (check_positive_int(num_dims, "num_dims") * math.log(2.0))
 
 
 # Each batch's seed generators start from counter `batch_index * _DRAWS_PER_BATCH`:
@@ -330,6 +330,10 @@ def score_batches(
     """
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**20:
         raise ValueError(f"`seed` must be an int in [0, 2**20). Received: seed={seed!r}")
+    # Unchecked, 0 divided by zero in the pass plans and 2.5 asked for a chunk of half a sample.
+    num_samples = check_positive_int(num_samples, "num_samples")
+    if chunk_size is not None:
+        chunk_size = check_positive_int(chunk_size, "chunk_size")
     if not model.built:
         model.build()  # its seed generators must exist before the first reseed
     state = {"log_px": [], "elbo": [], "checksums": [], "seconds": 0.0, "plans": {}}
@@ -554,6 +558,11 @@ def summarize(log_px, elbo, num_data_dims):
     """
     log_px = _per_image_scores(log_px, "log_px")
     elbo = _per_image_scores(elbo, "elbo")
+    if log_px.size != elbo.size:
+        raise ValueError(
+            "`log_px` and `elbo` must score the same images (one value each per image). "
+            f"Received: {log_px.size} values of log_px and {elbo.size} of elbo"
+        )
     nll = float(-log_px.mean())
     return {
         "num_examples": int(log_px.size),

@@ -164,6 +164,14 @@ def test_temporaries_of_killed_writes_are_removed(model, tmp_path, name):
 def test_bad_seed_names_the_value(model):
     with pytest.raises(ValueError, match=r"seed=-1"):
         evaluation.score_batches(model, BATCHES[:1], num_samples=2, seed=-1)
+    # These gave a ZeroDivisionError from the pass plans, and a backend reshape error.
+    for arguments, received in (
+        (dict(num_samples=0), "num_samples=0"),
+        (dict(num_samples=2.5), "num_samples=2.5"),
+        (dict(num_samples=2, chunk_size=0), "chunk_size=0"),
+    ):
+        with pytest.raises(ValueError, match=rf"Received: {received}"):
+            evaluation.score_batches(model, BATCHES[:1], **arguments)
 
 
 def test_summarize_matches_the_formulas():
@@ -176,6 +184,11 @@ def test_summarize_matches_the_formulas():
     assert s["bits_per_dim"] == pytest.approx(-np.mean(log_px) / (784 * math.log(2)))
     assert s["elbo_nats"] == pytest.approx(np.mean(elbo))
     assert evaluation.summarize(log_px[:1], elbo[:1], 784)["nll_stderr"] is None
+    # Before: a card's ELBO of other images than its NLL, without a word.
+    with pytest.raises(ValueError, match=r"same images.*Received: 50 values of log_px and 49 of elbo"):
+        evaluation.summarize(log_px, elbo[:49], 784)
+    with pytest.raises(ValueError, match=r"Received: num_dims=0"):
+        evaluation.bits_per_dim(1.0, 0)
 
 
 
