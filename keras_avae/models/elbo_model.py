@@ -13,6 +13,7 @@ from keras_avae import host_memory
 from keras_avae._validation import check_images
 from keras_avae.evaluation import importance_sampled_log_likelihood
 from keras_avae.keras_compat import portable_compile_config
+from keras_avae.models import dataset_checks
 from keras_avae.models.presets import PresetMixin
 
 
@@ -76,33 +77,78 @@ class ELBOModel(PresetMixin, keras.Model):
     def fit(self, x=None, y=None, *args, **kwargs):
         arguments = _arguments(keras.Model.fit, self, x, y, args, kwargs)
         _check_sample_weight(arguments.get("sample_weight"), y)
-        self._check_array_images(x, "x")
+        arguments["x"] = self._checked_images(x, "x")
         validation = arguments.get("validation_data")
         if isinstance(validation, (tuple, list)):
-            validation = validation[0]
-        self._check_array_images(validation, "validation_data")
-        return super().fit(x, y, *args, **kwargs)
+            self._checked_images(validation[0], "validation_data")
+        elif validation is not None:
+            arguments["validation_data"] = self._checked_images(validation, "validation_data")
+        del arguments["self"]
+        with self._loop_errors():
+            return super().fit(**arguments)
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
         _check_sample_weight(_arguments(keras.Model.evaluate, self, x, y, args, kwargs).get("sample_weight"), y)
-        self._check_array_images(x, "x")
-        return super().evaluate(x, y, *args, **kwargs)
+        x = self._checked_images(x, "x")
+        with self._loop_errors():
+            return super().evaluate(x, y, *args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
-        self._check_array_images(x, "x")
-        return super().predict(x, *args, **kwargs)
+        x = self._checked_images(x, "x")
+        with self._loop_errors():
+            return super().predict(x, *args, **kwargs)
 
-    def _check_array_images(self, x, name):
-        """The inference methods' image checks for arrays and tensors given to `fit`, `evaluate`, `predict`.
+    def _checked_images(self, x, name):
+        """`x` after the inference methods' image checks, for `fit`, `evaluate` and `predict`.
 
         Without them, pixels outside the likelihood's range gave a finite,
         meaningless loss, and a wrong image shape an error from inside the
-        gradient computation. Non-finite pixels pass: they give a NaN loss
-        in plain view, and `NonFiniteGuard` skips their steps. Datasets and
-        generators are not read ahead.
+        gradient computation. Arrays and tensors are checked whole; a
+        `tf.data.Dataset` comes back checking each batch as it is read
+        (`dataset_checks`). Non-finite pixels pass: they give a NaN loss in
+        plain view, and `NonFiniteGuard` skips their steps. Generators and
+        `PyDataset`s are not read ahead.
         """
         if isinstance(x, np.ndarray) or (x is not None and ops.is_tensor(x)):
             check_images(x, self.image_shape, self.pixel_range, name=name, allow_non_finite=True)
+        elif dataset_checks.is_tf_dataset(x):
+            return dataset_checks.checked_image_dataset(x, self.image_shape, self.pixel_range, name=name)
+        return x
+
+    @contextlib.contextmanager
+    def _loop_errors(self):
+        """A failed dataset batch check as a `ValueError`; on JAX, the weights kept through any error.
+
+        Keras' JAX loops detach the variables' values while they run and
+        reattach them at the end; `evaluate` and `predict` (and `fit` on an
+        error before its first step ends) skip that on an error, which left
+        every variable `None`: the model was unusable ("'NoneType' object is
+        not callable") after, say, a refused batch. The values held before
+        the loop are restored where no step's state replaced them.
+        """
+        if keras.backend.backend() != "jax":
+            with dataset_checks.readable_pixel_errors():
+                yield
+            return
+        variables = {id(variable): variable for variable in self._jax_loop_variables()}.values()
+        before = [(variable, variable.value) for variable in variables]
+        with dataset_checks.readable_pixel_errors():
+            try:
+                yield
+            except BaseException:
+                if getattr(self, "_jax_state", None):
+                    self.jax_state_sync()
+                    self._jax_state = None
+                for variable, value in before:
+                    if variable._value is None and not value.is_deleted():
+                        variable.assign(value)
+                raise
+
+    def _jax_loop_variables(self):
+        """The variables Keras' JAX loops detach: the model's, the optimizer's and the metrics'."""
+        optimizer = getattr(self, "optimizer", None)
+        optimizer_variables = optimizer.variables if optimizer is not None and optimizer.built else []
+        return [*self.trainable_variables, *self.non_trainable_variables, *optimizer_variables, *self.metrics_variables]
 
     def load_weights(self, filepath, *args, **kwargs):
         """`keras.Model.load_weights`, building an unbuilt model first (its `image_shape` is known)."""
