@@ -72,6 +72,33 @@ def check_images(x, image_shape, pixel_range, name="x", allow_non_finite=False):
             f"`{name}` is an empty batch: it needs at least one image. Received: {name}.shape={tuple(array.shape)}"
         )
     array = array.astype("float32", copy=False)
+    _check_pixel_values(array, pixel_range, name, allow_non_finite)
+    return array
+
+
+def check_concrete_pixels(x, pixel_range, name="x"):
+    """Raises if a concrete `x` has finite values outside `pixel_range`.
+
+    For the building blocks of a model (a distribution's `log_prob`) rather
+    than its inference methods: a tensor traced by `jit` or `tf.function`,
+    a symbolic one, or one on an accelerator passes unchecked, and so do
+    non-finite values (a NaN result in plain view, as in `fit`).
+
+    Example:
+
+    >>> check_concrete_pixels(np.array([[0.5, np.nan]]), (-1.0, 1.0))
+    >>> check_concrete_pixels(np.array([[255.0, 0.0]]), (-1.0, 1.0))
+    Traceback (most recent call last):
+    ...
+    ValueError: Expected pixel values of `x` in [-1.0, 1.0]. Received: x with values in [0.0, 255.0]
+    """
+    array = _concrete_or_none(x)
+    if array is not None and (np.issubdtype(array.dtype, np.number) or array.dtype == bool) and array.ndim:
+        _check_pixel_values(array, pixel_range, name, allow_non_finite=True)
+
+
+def _check_pixel_values(array, pixel_range, name, allow_non_finite):
+    """`check_images`' checks of the values of `array`, a batch of images along its first axis."""
     finite = np.isfinite(array)
     all_finite = bool(finite.all())
     if not all_finite and not allow_non_finite:
@@ -90,7 +117,32 @@ def check_images(x, image_shape, pixel_range, name="x", allow_non_finite=False):
             f"Expected pixel values of `{name}` in [{low}, {high}]. "
             f"Received: {name} with values in [{x_min}, {x_max}]"
         )
-    return array
+
+
+def _concrete_or_none(value):
+    """A NumPy copy of a concrete array or tensor in host memory, else `None`.
+
+    `None` for a traced or symbolic tensor (no values yet) and for one on an
+    accelerator: reading it back would make every eager step (PyTorch's)
+    wait for the device.
+
+    >>> class OnGPU:
+    ...     device = "/job:localhost/replica:0/task:0/device:GPU:0"
+    ...     def __array__(self, dtype=None, copy=None):
+    ...         raise AssertionError("read back")
+    >>> _concrete_or_none(OnGPU()) is None, _concrete_or_none(np.float32(2.0))
+    (True, array(2., dtype=float32))
+    """
+    try:
+        device = getattr(value, "device", None)  # TF: a name; torch: a torch.device; JAX: a Device
+        if any(kind in str(getattr(device, "type", device)).lower() for kind in _ACCELERATORS):
+            return None
+        return np.asarray(ops.convert_to_numpy(value))
+    except Exception:  # a jax.jit tracer, a tf.function or symbolic tensor, a torch meta tensor
+        return None
+
+
+_ACCELERATORS = ("gpu", "cuda", "tpu", "mps", "xpu")
 
 
 def check_positive_int(value, name):
@@ -218,6 +270,37 @@ def check_temperature(value, name="temperature"):
     return number
 
 
+def check_concrete_temperature(value, name="temperature"):
+    """Raises unless `value` (a number, or an array or tensor of any shape) is finite and positive.
+
+    A tensor traced by `jit` or `tf.function`, or a symbolic one, passes
+    unchecked (its values are not known until it runs), and so does one on
+    an accelerator (reading it back would stall every eager step).
+
+    Example:
+
+    >>> check_concrete_temperature(np.array([[0.5, 2.0]]))
+    >>> check_concrete_temperature(np.float32(-2.0))
+    Traceback (most recent call last):
+    ...
+    ValueError: `temperature` must be finite and positive. Received: temperature=np.float32(-2.0)
+    """
+    if isinstance(value, (numbers.Number, str, bytes)):
+        if not (is_finite_real(value) and value > 0):
+            raise ValueError(f"`{name}` must be finite and positive. Received: {name}={value!r}")
+        return
+    array = _concrete_or_none(value)
+    if array is None:
+        return
+    numeric = np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)  # not bool
+    if not (numeric and array.size and np.isfinite(array).all() and (array > 0).all()):
+        # A NumPy value reaches `call` as a backend tensor: show its values, not the tensor's repr.
+        shown = f"={array.item()!r}" if array.size == 1 else f" of shape {array.shape} and dtype {array.dtype}"
+        if numeric and array.size > 1:
+            shown += f", with values in [{array.min()}, {array.max()}]"
+        raise ValueError(f"`{name}` must be finite and positive. Received: {name}{shown}")
+
+
 def check_finite_outputs(arrays, what, cause="the model's weights are probably not finite (a diverged run)"):
     """Returns `arrays` (one array or a list, images on the first axis) if all finite, else raises.
 
@@ -283,19 +366,23 @@ def is_finite_number(value):
 
 
 def is_layer_seed(seed):
-    """Whether `seed` is `None` or an int in `[0, MAX_LAYER_SEED]`.
+    """Whether `seed` is `None` or an integer (NumPy's too) in `[0, MAX_LAYER_SEED]`.
 
-    >>> is_layer_seed(None), is_layer_seed(2**31 - 2), is_layer_seed(2**31 - 1)
+    >>> is_layer_seed(None), is_layer_seed(np.int64(2**31 - 2)), is_layer_seed(2**31 - 1)
     (True, True, False)
     """
-    return seed is None or (is_int(seed) and 0 <= seed <= MAX_LAYER_SEED)
+    return seed is None or (is_integer(seed) and 0 <= int(seed) <= MAX_LAYER_SEED)
 
 
 def check_layer_seed(seed, name="seed"):
-    """Raises unless `seed` is `None` or an int in `[0, MAX_LAYER_SEED]` (see `is_layer_seed`).
+    """Returns `seed` as a Python int (or `None`); raises unless `is_layer_seed(seed)`.
+
+    Store what it returns: a NumPy integer would make the config unserialisable as JSON.
 
     Example:
 
+    >>> check_layer_seed(np.int64(3))
+    3
     >>> check_layer_seed(-1, "nonlocal_feature_seed")
     Traceback (most recent call last):
     ...
@@ -303,3 +390,4 @@ def check_layer_seed(seed, name="seed"):
     """
     if not is_layer_seed(seed):
         raise ValueError(f"`{name}` must be an integer in [0, {MAX_LAYER_SEED}] or None. Received: {name}={seed!r}")
+    return None if seed is None else int(seed)

@@ -1,11 +1,15 @@
 """The discretized logistic mixture likelihood of PixelCNN++ for images."""
 
 import math
+import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_avae._validation import check_bool
+from keras_avae._validation import check_concrete_pixels
+from keras_avae._validation import is_integer
 
 # Registering the distribution as a tree node lets a symbolic layer call
 # return it: Keras flattens a layer's outputs to find the KerasTensors it
@@ -33,7 +37,7 @@ def _params_per_mixture(num_channels):
 
 
 def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
 def _as_tensor(value):
@@ -122,22 +126,22 @@ class DiscretizedLogisticMixtureDistribution:
                 f"{per_mixture} for num_channels={num_channels}. Received: params.shape={params.shape}"
             )
         self.params = params
-        self.num_channels = num_channels
-        self.num_bins = num_bins
+        self.num_channels = int(num_channels)
+        self.num_bins = int(num_bins)
         self.reference_edge_bug = reference_edge_bug
 
     @staticmethod
     def check_arguments(num_channels, num_bins, reference_edge_bug):
         """Raises a ValueError naming the first invalid argument."""
-        if isinstance(num_channels, bool) or not isinstance(num_channels, int) or num_channels not in (1, 3):
-            raise ValueError(f"`num_channels` must be 1 or 3. Received: num_channels={num_channels}")
-        if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 2:
-            raise ValueError(f"`num_bins` must be an int >= 2. Received: num_bins={num_bins}")
+        if not is_integer(num_channels) or num_channels not in (1, 3):
+            raise ValueError(f"`num_channels` must be 1 or 3. Received: num_channels={num_channels!r}")
+        if not is_integer(num_bins) or num_bins < 2:
+            raise ValueError(f"`num_bins` must be an int >= 2. Received: num_bins={num_bins!r}")
         check_bool(reference_edge_bug, "reference_edge_bug")
         if reference_edge_bug and num_bins != 256:
             raise ValueError(
                 "`reference_edge_bug=True` reproduces the 256-level reference only. "
-                f"Received: num_bins={num_bins}"
+                f"Received: num_bins={num_bins!r}"
             )
 
     @staticmethod
@@ -200,7 +204,10 @@ class DiscretizedLogisticMixtureDistribution:
 
         Args:
             x: float tensor `(B, H, W, C)` of pixel levels in `[-1, 1]`
-                (`pixels / 127.5 - 1` for 8-bit images).
+                (`pixels / 127.5 - 1` for 8-bit images). An `x` in host
+                memory with finite values outside is a `ValueError`; a
+                traced or symbolic `x`, or one on an accelerator, is not
+                checked.
             reduce: if `True` (default), sum over `H` and `W`.
 
         Returns:
@@ -212,6 +219,8 @@ class DiscretizedLogisticMixtureDistribution:
             raise ValueError(
                 f"`x` must have {self.num_channels} channels on its last axis. Received: x.shape={x.shape}"
             )
+        # Levels outside [-1, 1] (8-bit pixels, say) got a finite, meaningless score.
+        check_concrete_pixels(x, (-1.0, 1.0))
         x = ops.cast(x, "float32")
         logits, means, log_scales, coefficients = self._components()
         log_probs = ops.log_softmax(logits, axis=-1)
@@ -253,7 +262,7 @@ class DiscretizedLogisticMixtureDistribution:
             because float16 and bfloat16 cannot hold all 256 levels exactly).
         """
         if _is_number(temperature) and not temperature >= 0:
-            raise ValueError(f"`temperature` must be >= 0. Received: temperature={temperature}")
+            raise ValueError(f"`temperature` must be >= 0. Received: temperature={temperature!r}")
         if isinstance(self.params, keras.KerasTensor):
             # Random draws need a concrete shape, and a functional graph would
             # not own their seed state.
@@ -346,3 +355,12 @@ class DiscretizedLogisticMixtureDistribution:
 
         children, metadata = self.torchtree_flatten()
         return [(torch_tree.SequenceKey(i), v) for i, v in enumerate(children)], metadata
+
+
+if keras.backend.backend() == "jax":
+    # JAX's traces take only JAX pytrees: the symbolic call of a layer
+    # subclass that returns the distribution (traced by `jax.eval_shape`),
+    # or a jitted function that does.
+    import jax
+
+    jax.tree_util.register_pytree_node_class(DiscretizedLogisticMixtureDistribution)

@@ -6,7 +6,7 @@ import keras
 from keras import ops
 
 from keras_avae._validation import check_bool
-from keras_avae._validation import is_finite_number
+from keras_avae._validation import is_finite_real
 
 
 @keras.saving.register_keras_serializable(package="keras_avae")
@@ -150,6 +150,8 @@ class DepthwiseAttend(keras.layers.Layer):
                 "The last axis of `values` must be known when the layer is built. "
                 f"Received: values_shape={values_shape}"
             )
+        # Checked on every later call (an `InputSpec` sees only `query`).
+        self._built_channels = (query_channels, value_channels)
         scale = self.initial_scale
         if scale is None:
             scale = 1.0 / math.sqrt(query_channels)
@@ -170,9 +172,22 @@ class DepthwiseAttend(keras.layers.Layer):
             if norm is not None:
                 norm.build(context_shape)
 
+    def _check_shapes(self, query_shape, keys_shape, values_shape):
+        """`_check_shapes`, and once built, the channels the layer was built for."""
+        shapes = _check_shapes(query_shape, keys_shape, values_shape)
+        if getattr(self, "_built_channels", None):
+            for name, channels, built in zip(("query", "values"), shapes[1:], self._built_channels):
+                if not _compatible(channels, built):
+                    raise ValueError(
+                        f"`{name}` must have {built} channels, as when the layer was built. "
+                        f"Received: query_shape={tuple(query_shape)}, keys_shape={keys_shape} and "
+                        f"values_shape={values_shape}"
+                    )
+        return shapes
+
     def call(self, query, keys, values, return_attention_scores=False):
         # Shapes are checked on every call: N, and list vs. stacked, may change.
-        _check_shapes(query.shape, _shapes(keys), _shapes(values))
+        self._check_shapes(query.shape, _shapes(keys), _shapes(values))
 
         # Logits (B, H, W, N) in float32. The products stay in the compute
         # dtype (but float16, see `_dot`) so that only the original query and
@@ -213,11 +228,17 @@ class DepthwiseAttend(keras.layers.Layer):
         return x + ops.gelu(norm(x))
 
     def compute_output_shape(self, query_shape, keys_shape, values_shape):
-        _, _, value_channels = _check_shapes(query_shape, keys_shape, values_shape)
+        _, _, value_channels = self._check_shapes(query_shape, keys_shape, values_shape)
         return tuple(query_shape[:-1]) + (value_channels,)
 
     def compute_output_spec(self, query, keys, values, return_attention_scores=False):
-        num_contexts, _, value_channels = _check_shapes(query.shape, _shapes(keys), _shapes(values))
+        if type(self).call is not DepthwiseAttend.call:
+            # A subclass's own `call` may return something else: trace it (Keras'
+            # `Layer` would use the inherited `compute_output_shape`).
+            return keras.Operation.compute_output_spec(
+                self, query, keys, values, return_attention_scores=return_attention_scores
+            )
+        num_contexts, _, value_channels = self._check_shapes(query.shape, _shapes(keys), _shapes(values))
         output = keras.KerasTensor(tuple(query.shape[:-1]) + (value_channels,), dtype=self.compute_dtype)
         if not return_attention_scores:
             return output
@@ -240,7 +261,7 @@ class DepthwiseAttend(keras.layers.Layer):
 
 
 def _is_positive_number(x):
-    return is_finite_number(x) and x > 0
+    return is_finite_real(x) and x > 0  # NumPy's too (stored as Python floats)
 
 
 def _dot(query, key):

@@ -2,14 +2,10 @@
 
 import keras
 
+from keras_avae._validation import check_positive_int
 from keras_avae.distributions.discretized_logistic_mixture import (
     DiscretizedLogisticMixtureDistribution,
 )
-
-
-def _check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be a positive int. Received: {name}={value}")
 
 
 @keras.saving.register_keras_serializable(package="keras_avae")
@@ -84,16 +80,18 @@ class DiscretizedLogisticMixture(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        _check_positive_int("num_mixtures", num_mixtures)
+        # NumPy integers are stored as Python ints (the config must serialise).
+        num_mixtures = check_positive_int(num_mixtures, "num_mixtures")
         DiscretizedLogisticMixtureDistribution.check_arguments(num_channels, num_bins, reference_edge_bug)
-        sizes = tuple(kernel_size) if isinstance(kernel_size, (tuple, list)) else (kernel_size,)
-        if len(sizes) not in (1, 2):
-            raise ValueError(f"`kernel_size` must be an int or 2 ints. Received: kernel_size={kernel_size}")
-        for size in sizes:
-            _check_positive_int("kernel_size", size)
+        if isinstance(kernel_size, (tuple, list)):
+            if len(kernel_size) not in (1, 2):
+                raise ValueError(f"`kernel_size` must be an int or 2 ints. Received: kernel_size={kernel_size!r}")
+            kernel_size = type(kernel_size)(check_positive_int(size, "kernel_size") for size in kernel_size)
+        else:
+            kernel_size = check_positive_int(kernel_size, "kernel_size")
         self.num_mixtures = num_mixtures
-        self.num_channels = num_channels
-        self.num_bins = num_bins
+        self.num_channels = int(num_channels)
+        self.num_bins = int(num_bins)
         self.kernel_size = kernel_size
         self.reference_edge_bug = reference_edge_bug
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -138,6 +136,10 @@ class DiscretizedLogisticMixture(keras.layers.Layer):
         return tuple(features_shape[:-1]) + (self.num_params,)
 
     def compute_output_spec(self, features):
+        if type(self).call is not DiscretizedLogisticMixture.call:
+            # A subclass's own `call` may return something else: trace it (Keras'
+            # `Layer` would use the inherited `compute_output_shape`).
+            return keras.Operation.compute_output_spec(self, features)
         params = keras.KerasTensor(self.compute_output_shape(features.shape), dtype=self.compute_dtype)
         return self._distribution(params)
 

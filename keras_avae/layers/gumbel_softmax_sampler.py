@@ -5,19 +5,13 @@ import numpy as np
 from keras import ops
 
 from keras_avae._validation import check_bool
+from keras_avae._validation import check_concrete_temperature
 from keras_avae._validation import check_layer_seed
-from keras_avae._validation import is_finite_number
+from keras_avae._validation import is_finite_real
+from keras_avae._validation import is_integer
 from keras_avae.replica_seeds import ReplicaSeedGenerator
 
 _INFERENCE_MODES = ("sample", "mode")
-
-
-def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_positive_finite(value):
-    return is_finite_number(value) and value > 0
 
 
 @keras.saving.register_keras_serializable(package="keras_avae")
@@ -71,9 +65,11 @@ class GumbelSoftmaxSampler(keras.layers.Layer):
     Call arguments:
         logits: float tensor of unnormalised log-probabilities; any rank, the
             categories along `axis`.
-        temperature: optional finite positive Python float or float tensor
-            (a scalar, or broadcastable to `logits`) that overrides the
-            constructor's `temperature` for this call.
+        temperature: optional finite positive number or float tensor (a
+            scalar, or broadcastable to `logits`) that overrides the
+            constructor's `temperature` for this call. Values in host memory
+            are checked (a `ValueError`); a tensor traced under `jit` or on
+            an accelerator is not.
         training: bool or `None`; only used by `inference_mode="mode"`.
 
     Returns:
@@ -101,23 +97,24 @@ class GumbelSoftmaxSampler(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not _is_number(temperature) or not _is_positive_finite(temperature):
+        if not (is_finite_real(temperature) and temperature > 0):
             raise ValueError(
-                "`temperature` must be a finite positive Python number (pass tensors or "
-                f"variables at call time). Received: temperature={temperature}"
+                "`temperature` must be a finite positive number (pass tensors or "
+                f"variables at call time). Received: temperature={temperature!r}"
             )
         check_bool(hard, "hard")
-        if isinstance(axis, bool) or not isinstance(axis, int):
-            raise ValueError(f"`axis` must be an int. Received: axis={axis}")
+        if not is_integer(axis):
+            raise ValueError(f"`axis` must be an int. Received: axis={axis!r}")
         if inference_mode not in _INFERENCE_MODES:
             raise ValueError(
                 f"`inference_mode` must be one of {_INFERENCE_MODES}. "
-                f"Received: inference_mode={inference_mode}"
+                f"Received: inference_mode={inference_mode!r}"
             )
-        check_layer_seed(seed)
+        seed = check_layer_seed(seed)
+        # Python numbers (NumPy's converted), so that the config is JSON.
         self.temperature = float(temperature)
         self.hard = hard
-        self.axis = axis
+        self.axis = int(axis)
         self.inference_mode = inference_mode
         self.seed = seed
         self.seed_generator = ReplicaSeedGenerator(seed)
@@ -147,11 +144,9 @@ class GumbelSoftmaxSampler(keras.layers.Layer):
 
         if temperature is None:
             temperature = self.temperature
-        elif _is_number(temperature) and not _is_positive_finite(temperature):
-            # Tensors cannot be inspected under jit; Python numbers can.
-            raise ValueError(
-                f"`temperature` must be finite and positive. Received: temperature={temperature}"
-            )
+        else:
+            # Concrete values only: a tensor traced under jit cannot be inspected.
+            check_concrete_temperature(temperature)
         # At least float32's smallest normal number: a temperature that
         # rounds to 0 would give 0 / 0 below.
         temperature = ops.maximum(ops.cast(temperature, "float32"), np.finfo(np.float32).tiny)

@@ -7,7 +7,7 @@ from keras import ops
 
 from keras_avae._validation import check_bool
 from keras_avae._validation import check_layer_seed
-from keras_avae._validation import is_int
+from keras_avae._validation import check_positive_int
 from keras_avae.ops.channels import split_channels
 from keras_avae.ops.favor import _numpy_orthogonal_features
 from keras_avae.ops.favor import favor_attention
@@ -108,21 +108,17 @@ class NonLocalBlock(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not _is_positive_int(key_dim):
-            raise ValueError(f"`key_dim` must be a positive integer. Received: key_dim={key_dim!r}")
+        # NumPy's too, stored as Python ints (the config must serialise).
+        key_dim = check_positive_int(key_dim, "key_dim")
         if attention not in _ATTENTIONS:
             raise ValueError(f"`attention` must be one of {_ATTENTIONS}. Received: attention={attention!r}")
-        if not _is_positive_int(num_random_features):
-            raise ValueError(
-                "`num_random_features` must be a positive integer. "
-                f"Received: num_random_features={num_random_features!r}"
-            )
+        num_random_features = check_positive_int(num_random_features, "num_random_features")
         if feature_redraw not in _FEATURE_REDRAWS:
             raise ValueError(
                 f"`feature_redraw` must be one of {_FEATURE_REDRAWS}. Received: feature_redraw={feature_redraw!r}"
             )
         check_bool(use_bias, "use_bias")
-        check_layer_seed(seed)
+        seed = check_layer_seed(seed)
         if seed is None:
             # A concrete seed in the config makes the features reproducible
             # after a `.keras` round trip (same range as PerformerAttention).
@@ -166,6 +162,9 @@ class NonLocalBlock(keras.layers.Layer):
                 "`inputs` must have rank 4 (batch, height, width, channels) with known channels. "
                 f"Received: inputs with shape {input_shape}"
             )
+        # A later call with another rank or channel count: Keras' error, not
+        # the backend's (a rank-5 input even ran, reshaped).
+        self.input_spec = keras.layers.InputSpec(ndim=4, axes={-1: input_shape[-1]})
         self.theta = self._conv(self.key_dim, "theta")
         self.phi = self._conv(self.key_dim, "phi")
         self.g = self._conv(input_shape[-1], "g")
@@ -341,7 +340,3 @@ def _is_pointwise(conv):
         and conv.groups == 1
         and conv.activation is keras.activations.linear
     )
-
-
-def _is_positive_int(x):
-    return is_int(x) and x > 0

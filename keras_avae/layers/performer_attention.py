@@ -231,7 +231,7 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
                 "PerformerAttention computes FAVOR+ attention, not MultiHeadAttention's exact fused kernel: "
                 f"`flash_attention` must be None or False. Received: flash_attention={flash_attention}"
             )
-        check_layer_seed(seed)
+        seed = check_layer_seed(seed)
         if seed is None:
             # A concrete seed in the config makes the features reproducible
             # after a `.keras` round trip; same range as Keras' default seeds.

@@ -98,6 +98,8 @@ class ResidualCell(keras.layers.Layer):
         super().__init__(**kwargs)
         if scale not in _SCALES:
             raise ValueError(f"`scale` must be one of {_SCALES}. Received: scale={scale!r}")
+        if is_integer(nonlocal_key_dim):
+            nonlocal_key_dim = int(nonlocal_key_dim)  # NumPy's too, stored as a Python int
         if nonlocal_key_dim is not None and (not is_int(nonlocal_key_dim) or nonlocal_key_dim < 1):
             raise ValueError(
                 f"`nonlocal_key_dim` must be a positive int or None. Received: nonlocal_key_dim={nonlocal_key_dim!r}"
@@ -118,7 +120,7 @@ class ResidualCell(keras.layers.Layer):
         check_finite_number(bn_momentum, "bn_momentum", lambda v: 0 <= v <= 1, "in [0, 1]")
         check_finite_number(bn_epsilon, "bn_epsilon", lambda v: v > 0, "> 0")
         check_bool(synchronized_batch_norm, "synchronized_batch_norm")
-        check_layer_seed(seed)
+        seed = check_layer_seed(seed)
         if seed is None and nonlocal_key_dim is not None:
             # A concrete seed in the config, so that a saved and reloaded cell
             # has the same random features (its blocks would each draw anew).

@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_avae._validation import check_bool
+from keras_avae._validation import check_positive_int
 from keras_avae.layers.batched_weight_norm import normalize_kernels
 from keras_avae.layers.batched_weight_norm import shared_kernel
 
@@ -60,9 +61,10 @@ class WeightNormConv2D(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        for name, value in (("filters", filters), ("kernel_size", kernel_size), ("strides", strides)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
+        # NumPy's too, stored as Python ints (the config must serialise).
+        filters = check_positive_int(filters, "filters")
+        kernel_size = check_positive_int(kernel_size, "kernel_size")
+        strides = check_positive_int(strides, "strides")
         if padding not in ("same", "valid"):
             raise ValueError(f"`padding` must be 'same' or 'valid'. Received: padding={padding!r}")
         check_bool(use_bias, "use_bias")
@@ -82,8 +84,13 @@ class WeightNormConv2D(keras.layers.Layer):
 
     def build(self, input_shape):
         channels = input_shape[-1]
-        if channels is None:
-            raise ValueError(f"The channel axis of the input must be defined. Received: input_shape={input_shape}")
+        if len(input_shape) != 4 or channels is None:
+            raise ValueError(
+                "The input must have rank 4 (batch, height, width, channels) with a defined channel axis. "
+                f"Received: input_shape={input_shape}"
+            )
+        # A later call with another rank or channel count: Keras' error, not the backend's.
+        self.input_spec = keras.layers.InputSpec(ndim=4, axes={-1: channels})
         self.kernel = self.add_weight(
             name="kernel",
             shape=(self.kernel_size, self.kernel_size, channels, self.filters),
@@ -189,6 +196,17 @@ def _conv2d_channels_last(inputs, kernel, strides, padding, bias=None):
     convolution's backward kernel instead of a separate reduction over the
     output.
     """
+    empty = [length == 0 for length in inputs.shape[1:3]]
+    if any(empty):
+        # An empty image (ResidualCell's shifted phases of a one-pixel-high or
+        # -wide input): torch's conv2d refuses it and TensorFlow's returns it
+        # unchanged, with the input's channels. Convolve `size` zero rows
+        # (columns) instead and keep none of the output's: an empty output of
+        # the right shape, and a zero gradient for the kernel.
+        size = kernel.shape[0]
+        fill = [[0, 0], [0, size if empty[0] else 0], [0, size if empty[1] else 0], [0, 0]]
+        outputs = _conv2d_channels_last(ops.pad(inputs, fill), kernel, strides, padding, bias)
+        return outputs[:, : 0 if empty[0] else None, : 0 if empty[1] else None]
     if keras.backend.backend() != "torch":
         outputs = ops.conv(inputs, kernel, strides=strides, padding=padding)
         return outputs if bias is None else outputs + bias

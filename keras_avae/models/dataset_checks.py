@@ -22,7 +22,12 @@ _ASSERTION = re.compile(r"assertion failed: \[(Expected pixel values of .*?)\] \
 
 
 def is_tf_dataset(value):
-    """Whether `value` is a `tf.data.Dataset` (without importing TensorFlow when no dataset can exist)."""
+    """Whether `value` is a `tf.data.Dataset` (without importing TensorFlow when no dataset can exist).
+
+    >>> import tensorflow as tf
+    >>> is_tf_dataset(tf.data.Dataset.range(3)), is_tf_dataset(np.zeros(3))
+    (True, False)
+    """
     tf = sys.modules.get("tensorflow")
     return tf is not None and isinstance(value, tf.data.Dataset)
 
@@ -36,6 +41,17 @@ def checked_image_dataset(dataset, image_shape, pixel_range, name="x"):
     with finite pixels outside `pixel_range` stops the pipeline with a
     `tf.errors.InvalidArgumentError` whose message names `name`, the range
     and the values received (`readable_pixel_errors` makes it a `ValueError`).
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> batches = tf.data.Dataset.from_tensor_slices(np.ones((4, 8, 8, 1), "float32")).batch(2)
+    >>> [batch.shape for batch in checked_image_dataset(batches, (8, 8, 1), (0.0, 1.0)).as_numpy_iterator()]
+    [(2, 8, 8, 1), (2, 8, 8, 1)]
+    >>> checked_image_dataset(batches, (28, 28, 1), (0.0, 1.0))
+    Traceback (most recent call last):
+    ...
+    ValueError: Expected `x` to hold batches of shape (batch, 28, 28, 1). Received: x with images of shape (None, 8, 8, 1)
     """
     import tensorflow as tf
 
@@ -85,6 +101,16 @@ def readable_pixel_errors():
     """Turns a failed batch check (deep in `tf.data`'s error text) into a one-line `ValueError`.
 
     Any other error passes unchanged.
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> batches = tf.data.Dataset.from_tensor_slices(np.full((4, 8, 8, 1), 255.0, "float32")).batch(2)
+    >>> with readable_pixel_errors():
+    ...     next(iter(checked_image_dataset(batches, (8, 8, 1), (0.0, 1.0))))
+    Traceback (most recent call last):
+    ...
+    ValueError: Expected pixel values of `x` in [0.0, 1.0]. Received: a batch of x with values in [255, 255]
     """
     try:
         yield

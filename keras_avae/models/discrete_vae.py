@@ -103,7 +103,7 @@ class DiscreteVAE(ELBOModel):
         check_bool(straight_through, "straight_through")
         check_crop(crop, image_shape)  # half the image or more left no pixel to score (the likelihood was 0)
         check_finite_number(l2, "l2", lambda v: v >= 0, ">= 0")
-        check_layer_seed(seed)
+        seed = check_layer_seed(seed)
         # === Config ===
         self.image_shape = image_shape
         self.num_latents = num_latents

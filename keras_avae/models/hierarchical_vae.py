@@ -202,10 +202,11 @@ class HierarchicalVAE(HierarchicalLayers, HierarchicalInference, ELBOModel):
         self.bn_momentum = bn_momentum
         self.bn_epsilon = bn_epsilon
         self.synchronized_batch_norm = synchronized_batch_norm
+        seed = None if seed is None else int(seed)  # NumPy's too (checked above): a JSON config
         self.seed = seed
         if nonlocal_feature_seed is None:
             nonlocal_feature_seed = seed if seed is not None else random.randint(1, int(1e9))  # the layers' own range
-        self.nonlocal_feature_seed = nonlocal_feature_seed
+        self.nonlocal_feature_seed = int(nonlocal_feature_seed)
 
         # === Channel bookkeeping (reference widths, see the class docstring) ===
         scale = 2**num_scales

@@ -230,6 +230,24 @@ class TestDepthwiseAttend(TestCase):
         assert output.shape == (None, H, W, C)
         assert scores.shape == (None, H, W, 3)
 
+    def test_subclass_call_gives_its_own_symbolic_output(self):
+        # Before: the symbolic call had the base class's output shape,
+        # whatever the subclass's `call` returned.
+        class EveryOtherRow(DepthwiseAttend):
+            def call(self, query, keys, values, return_attention_scores=False):
+                return super().call(query, keys, values)[:, ::2]
+
+        query = keras.Input((H, W, Q))
+        keys = [keras.Input((H, W, Q)) for _ in range(2)]
+        values = [keras.Input((H, W, C)) for _ in range(2)]
+        layer = EveryOtherRow()
+        output = layer(query, keys, values)
+        assert output.shape == (None, (H + 1) // 2, W, C)
+        model = keras.Model([query, keys, values], output)
+        data_query, data_keys, data_values = _inputs(2)
+        expected = layer(data_query, data_keys, data_values)
+        self.assertAllClose(model([data_query, data_keys, data_values]), expected, atol=1e-6)
+
     def test_gradients_are_finite(self):
         query, keys, values = _inputs(3, scale=3.0)
         layer = DepthwiseAttend()
@@ -285,6 +303,23 @@ class TestDepthwiseAttend(TestCase):
             layer(query, keys, values[:2] + [np.zeros((B, H, W, C + 1), "float32")])
         # The layer built on none of the bad calls above and still works.
         assert layer(query, keys, values).shape == (B, H, W, C)
+
+    def test_a_built_layer_names_wrong_channels(self):
+        # Before: the LayerNorm's reshape error from the backend, or (query) a
+        # silent run with a scale computed for other query channels.
+        layer = DepthwiseAttend(initial_scale=None)
+        query, keys, values = _inputs(2)
+        layer(query, keys, values)
+        wider = np.zeros((B, H, W, C + 1), "float32")
+        with pytest.raises(ValueError, match=rf"`values` must have {C} channels, as when the layer was built"):
+            layer(query, keys, [wider, wider])
+        with pytest.raises(ValueError, match=rf"`values` must have {C} channels.*values_shape=\(2, 2, 3, 4, 7\)"):
+            layer(query, np.stack(keys, 1), np.stack([wider, wider], 1))
+        narrow = [np.zeros((B, H, W, Q - 1), "float32")] * 3
+        with pytest.raises(ValueError, match=rf"`query` must have {Q} channels, as when the layer was built"):
+            layer(narrow[0], narrow[1:], values)
+        with pytest.raises(ValueError, match=rf"`values` must have {C} channels"):
+            layer(keras.Input((H, W, Q)), [keras.Input((H, W, Q))], [keras.Input((H, W, C + 1))])
 
     def test_docstring_example_runs(self):
         results = doctest.testmod(depthwise_attend, optionflags=doctest.NORMALIZE_WHITESPACE)

@@ -1,4 +1,5 @@
 import inspect
+import json
 
 import keras
 import numpy as np
@@ -405,6 +406,18 @@ class TestDiscretizedLogisticMixtureDistribution(TestCase):
         with pytest.raises(ValueError, match="Received: temperature=-0.5"):
             dist.sample(temperature=-0.5)
 
+    def test_log_prob_refuses_concrete_levels_outside_the_grid(self):
+        # Before: 8-bit pixels got a finite, meaningless score (x=255: about -1020 a pixel).
+        dist = DiscretizedLogisticMixtureDistribution(np.zeros((1, 2, 2, 10), "float32"))
+        with pytest.raises(ValueError, match=r"`x` in \[-1.0, 1.0\]. Received: x with values in \[0.0, 255.0\]$"):
+            dist.log_prob(np.array([0.0, 255.0, 1.0, 0.5], "float32").reshape(1, 2, 2, 1).repeat(3, axis=-1))
+        with pytest.raises(ValueError, match=r"Received: x with values in \[-1.5, -1.5\]$"):
+            dist.log_prob(keras.ops.full((1, 2, 2, 3), -1.5))
+        # The grid's ends are in; non-finite values pass, as in `fit` (a NaN in plain view).
+        grid_ends = np.array([-1.0, 1.0, 1.0, -1.0], "float32").reshape(1, 2, 2, 1).repeat(3, axis=-1)
+        assert np.all(np.isfinite(to_numpy(dist.log_prob(grid_ends))))
+        assert np.all(np.isnan(to_numpy(dist.log_prob(np.where(grid_ends > 0, np.nan, grid_ends)))))
+
 
 class TestDiscretizedLogisticMixture(TestCase):
     def test_layer(self):
@@ -444,6 +457,26 @@ class TestDiscretizedLogisticMixture(TestCase):
         # Before: each backend's own error from inside keras.random.uniform.
         with pytest.raises(ValueError, match=r"`sample\(\)` draws random numbers.*Received: params=<KerasTensor"):
             dist.sample(seed=1)
+
+    def test_subclass_call_gives_its_own_symbolic_output(self):
+        # Before: the symbolic call returned the base class's distribution,
+        # whatever the subclass's `call` returned.
+        class MeanImage(DiscretizedLogisticMixture):
+            def call(self, features):
+                return super().call(features).mean()
+
+        class Sharper(DiscretizedLogisticMixture):  # still a distribution
+            def call(self, features):
+                return self._distribution(2.0 * self.projection(features))
+
+        features = keras.Input((3, 3, 4))
+        mean = MeanImage(num_mixtures=2)(features)
+        assert isinstance(mean, keras.KerasTensor) and mean.shape == (None, 3, 3, 3)
+        data = np.random.RandomState(7).normal(size=(2, 3, 3, 4)).astype("float32")
+        model = keras.Model(features, mean)
+        self.assertAllClose(model(data), model.layers[-1](data), atol=1e-6)
+        dist = Sharper(num_mixtures=2, num_channels=1)(features)
+        assert isinstance(dist, DiscretizedLogisticMixtureDistribution) and dist.params.shape == (None, 3, 3, 6)
 
     def test_eager_call_matches_the_projection(self):
         features = np.random.RandomState(1).normal(size=(2, 3, 3, 4)).astype("float32")
@@ -560,6 +593,20 @@ class TestDiscretizedLogisticMixture(TestCase):
         np.testing.assert_array_equal(log_prob(revived(features)), expected)
         if kwargs["reference_edge_bug"]:  # the flag changes these log-probabilities
             assert np.all(np.abs(log_prob(dist, reference_edge_bug=False) - expected) > 1e-2)
+
+    def test_numpy_integers_are_stored_as_python_ints(self):
+        # Before: refused, with messages that read "Received: num_mixtures=2".
+        layer = DiscretizedLogisticMixture(
+            num_mixtures=np.int64(2), num_channels=np.int64(1), num_bins=np.int32(16), kernel_size=(np.int64(1), 3)
+        )
+        config = layer.get_config()
+        assert [type(config[k]) for k in ("num_mixtures", "num_channels", "num_bins")] == [int, int, int]
+        assert [type(size) for size in config["kernel_size"]] == [int, int]
+        json.dumps(keras.saving.serialize_keras_object(layer))
+        with pytest.raises(ValueError, match=r"`num_mixtures` must be a positive int. Received: num_mixtures='2'$"):
+            DiscretizedLogisticMixture(num_mixtures="2")
+        with pytest.raises(ValueError, match=r"Received: num_bins=np.float32\(16.0\)$"):
+            DiscretizedLogisticMixture(num_bins=np.float32(16))
 
     def test_invalid_arguments(self):
         for kwargs, name in [

@@ -1,4 +1,5 @@
 import inspect
+import json
 
 import keras
 import numpy as np
@@ -281,3 +282,39 @@ class TestGumbelSoftmaxSampler(TestCase):
             GumbelSoftmaxSampler()(x, temperature=0)
         with pytest.raises(ValueError, match="Received: axis=2"):
             GumbelSoftmaxSampler(axis=2)(x)
+
+    @pytest.mark.parametrize(
+        "temperature",
+        [np.float32(-2.0), np.array(-2.0), np.float64("nan"), np.array([[0.5], [-1.0]]), "tensor"],
+        ids=["numpy_scalar", "0d_array", "numpy_nan", "broadcast_array", "tensor"],
+    )
+    def test_concrete_call_temperatures_are_checked(self, temperature):
+        # Before: only Python numbers were checked; -2.0 gave one-hot samples, NaN gave NaN.
+        if isinstance(temperature, str):
+            temperature = ops.convert_to_tensor(-2.0)
+        message = r"`temperature` must be finite and positive\. Received: temperature(=| of shape)"
+        with pytest.raises(ValueError, match=message):
+            GumbelSoftmaxSampler(seed=0)(_tiled_logits(2), temperature=temperature)
+        # Positive broadcastable values still work.
+        y = to_numpy(GumbelSoftmaxSampler(seed=0)(_tiled_logits(2), temperature=np.array([[0.5], [2.0]], "float32")))
+        self.assertAllClose(y.sum(-1), np.ones(2), atol=1e-5)
+
+    def test_traced_call_temperature_is_not_checked(self):
+        # A tensor input of a (jit-compiled) functional model has no values to check.
+        logits, tau = keras.Input((5,)), keras.Input((1,))
+        model = keras.Model([logits, tau], GumbelSoftmaxSampler(seed=2)(logits, temperature=tau))
+        model.compile(jit_compile=BACKEND != "torch")
+        y = model.predict([_tiled_logits(4), np.full((4, 1), 0.5, "float32")], verbose=0)
+        self.assertAllClose(y.sum(-1), np.ones(4), atol=1e-5)
+
+    def test_numpy_arguments_are_stored_as_python_numbers(self):
+        # Before: np.float32(0.5) and np.int64(0) were refused ("Received: axis=0").
+        layer = GumbelSoftmaxSampler(temperature=np.float32(0.5), axis=np.int64(0), seed=np.int64(3))
+        config = layer.get_config()
+        assert [type(config[k]) for k in ("temperature", "axis", "seed")] == [float, int, int]
+        json.dumps(keras.saving.serialize_keras_object(layer))
+        x = _tiled_logits(3)
+        twin = GumbelSoftmaxSampler(temperature=0.5, axis=0, seed=3)
+        np.testing.assert_array_equal(to_numpy(layer(x)), to_numpy(twin(x)))
+        with pytest.raises(ValueError, match=r"Received: axis='0'$"):
+            GumbelSoftmaxSampler(axis="0")

@@ -1,4 +1,5 @@
 import doctest
+import json
 
 import keras
 import numpy as np
@@ -272,6 +273,24 @@ class TestNonLocalBlock(TestCase):
         self.assertAllClose(redraw(x, training=False), reference)
         assert fixed.seed_generator is None and redraw.seed_generator is not None
 
+    def test_numpy_integers_are_stored_as_python_ints(self):
+        # Before: NumPy `key_dim` and `num_random_features` were refused, and a
+        # NumPy seed (refused too) would have left the config unserialisable.
+        kwargs = {"key_dim": K, "num_random_features": 8, "seed": 3}
+        numpy_kwargs = {k: np.int64(v) for k, v in kwargs.items()}
+        block = NonLocalBlock(attention="performer", feature_redraw="training", **numpy_kwargs)
+        config = block.get_config()
+        assert [type(config[k]) for k in kwargs] == [int, int, int]
+        json.dumps(keras.saving.serialize_keras_object(block))
+        twin = NonLocalBlock(attention="performer", feature_redraw="training", **kwargs)
+        x = _input()
+        block(x)
+        twin(x)
+        _set_random_weights(block, qk_std=0.3)
+        twin.set_weights(block.get_weights())
+        for training in (False, True):  # the fixed features, then a redraw
+            self.assertAllClose(block(x, training=training), twin(x, training=training), atol=0, rtol=0)
+
     def test_unseeded_block_resolves_its_seed_in_the_config(self):
         block = NonLocalBlock(attention="performer")
         assert isinstance(block.seed, int)
@@ -423,6 +442,13 @@ class TestNonLocalBlock(TestCase):
             NonLocalBlock()(np.zeros((2, 5, 6), "float32"))
         with pytest.raises(ValueError, match=r"known channels.*shape \(None, 5, 6, None\)"):
             NonLocalBlock()(keras.KerasTensor((None, 5, 6, None)))
+        # A built block: before, the backend's reshape error, or (rank 5) a silent run.
+        block = NonLocalBlock(key_dim=K)
+        block(_input())
+        with pytest.raises(ValueError, match=rf"expected axis -1 of input shape to have value {C}"):
+            block(_input((B, H, W, C + 1)))
+        with pytest.raises(ValueError, match=r"expected ndim=4, found ndim=5"):
+            block(_input((B, 2, H, W, C)))
 
     def test_docstring_example_runs(self):
         results = doctest.testmod(non_local_block)

@@ -1,5 +1,7 @@
 """ResidualCell and LayerNormGelu: the layer harness, and values against NumPy."""
 
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -124,7 +126,17 @@ class TestResidualCell(TestCase):
     @pytest.mark.parametrize(
         "scale, shape",
         # Even sizes: the reduce as one 2x2 convolution; odd: the padded phases.
-        [("same", (2, 6, 6, 4)), ("down", (2, 6, 6, 4)), ("down", (2, 5, 5, 4)), ("up", (2, 6, 6, 4))],
+        # One pixel high or wide: the shifted phases are empty (zeros in the
+        # shortcut); before, torch's conv2d refused them.
+        [
+            ("same", (2, 6, 6, 4)),
+            ("down", (2, 6, 6, 4)),
+            ("down", (2, 5, 5, 4)),
+            ("down", (2, 1, 5, 4)),
+            ("down", (2, 4, 1, 4)),
+            ("down", (2, 1, 1, 4)),
+            ("up", (2, 6, 6, 4)),
+        ],
     )
     def test_matches_numpy_in_inference(self, scale, shape):
         x = images(1, shape)
@@ -133,6 +145,18 @@ class TestResidualCell(TestCase):
         randomise(cell, seed=2)
         expected = np_residual_cell(cell, x.astype("float64"))
         self.assertAllClose(cell(x, training=False), expected, atol=2e-4, rtol=2e-4)
+
+    def test_one_pixel_down_cell_gives_every_reduce_conv_a_gradient(self):
+        # The empty phases' convolutions get a zero gradient, not none (before:
+        # torch refused them, TensorFlow returned the wrong channels).
+        x = images(10, (2, 1, 1, 4))
+        cell = ResidualCell("down")
+        cell(x)
+        _, grads = gradients(cell, lambda y: keras.ops.sum(y * y), {"inputs": x})
+        named = {w.path.split("/", 1)[1]: g for w, g in zip(cell.trainable_weights, grads)}
+        for i in (1, 2, 3):
+            self.assertAllClose(named[f"reduce{i}_conv/kernel"], np.zeros((1, 1, 4, 2)), atol=0, rtol=0)
+        assert np.any(named["reduce0_conv/kernel"] != 0)
 
     def test_bad_arguments(self):
         with pytest.raises(ValueError, match="scale='sideways'"):
@@ -190,6 +214,21 @@ class TestResidualCell(TestCase):
         reloaded(x)
         reloaded.set_weights(cell.get_weights())
         self.assertAllClose(cell(x, training=False), reloaded(x, training=False), atol=1e-6, rtol=1e-6)
+
+    def test_numpy_seed_and_key_dim_are_stored_as_python_ints(self):
+        # Before: refused; accepted as they were, they would have left the config unserialisable.
+        kwargs = {"nonlocal_attention": "performer", "nonlocal_num_random_features": 8}
+        cell = ResidualCell(nonlocal_key_dim=np.int64(2), seed=np.int64(3), **kwargs)
+        config = cell.get_config()
+        assert type(config["seed"]) is int and type(config["nonlocal_key_dim"]) is int
+        json.dumps(keras.saving.serialize_keras_object(cell))
+        twin = ResidualCell(nonlocal_key_dim=2, seed=3, **kwargs)
+        x = images(11)
+        cell(x)
+        twin(x)
+        randomise(cell, seed=5)
+        twin.set_weights(cell.get_weights())
+        self.assertAllClose(cell(x, training=False), twin(x, training=False), atol=0, rtol=0)
 
     def test_nearest_upsample_and_its_gradient_match_numpy(self):
         # Each pixel repeated 2x2; its gradient the sum over each 2x2 block

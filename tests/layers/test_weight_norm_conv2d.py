@@ -1,5 +1,7 @@
 """WeightNormConv2D: the kernel it convolves with, against a NumPy formula."""
 
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -24,6 +26,32 @@ class TestWeightNormConv2D(TestCase):
         # Before: "no" was truthy and created a bias.
         with pytest.raises(ValueError, match=r"`use_bias` must be a bool. Received: use_bias='no'"):
             WeightNormConv2D(4, 3, use_bias="no")
+
+    def test_numpy_integers_are_stored_as_python_ints(self):
+        # Before: refused, with messages that read "Received: filters=2".
+        layer = WeightNormConv2D(np.int64(2), np.int32(3), strides=np.int64(2))
+        config = layer.get_config()
+        assert [type(config[k]) for k in ("filters", "kernel_size", "strides")] == [int, int, int]
+        json.dumps(keras.saving.serialize_keras_object(layer))
+        with pytest.raises(ValueError, match=r"`filters` must be a positive int. Received: filters='2'$"):
+            WeightNormConv2D("2", 3)
+
+    def test_a_built_layer_names_a_wrong_input(self):
+        # Before: each backend's own error from inside the convolution.
+        layer = WeightNormConv2D(4, 3)
+        layer(np.zeros((1, 4, 4, 3), "float32"))
+        with pytest.raises(ValueError, match=r"expected axis -1 of input shape to have value 3.*\(1, 4, 4, 5\)"):
+            layer(np.zeros((1, 4, 4, 5), "float32"))
+        with pytest.raises(ValueError, match=r"expected ndim=4, found ndim=3"):
+            layer(np.zeros((4, 4, 3), "float32"))
+
+    @pytest.mark.parametrize("padding", ["same", "valid"])
+    def test_empty_images_give_empty_outputs(self, padding):
+        # Before: torch refused an image with no rows (or columns), TensorFlow
+        # returned it unchanged, with the input's channels.
+        layer = WeightNormConv2D(3, 1, strides=2, padding=padding)
+        for shape in [(2, 0, 5, 4), (2, 5, 0, 4), (2, 0, 0, 4)]:
+            assert tuple(layer(np.zeros(shape, "float32")).shape) == layer.compute_output_shape(shape)
 
     @pytest.mark.parametrize(
         "size,kernel_size,strides,padding",
@@ -139,6 +167,7 @@ class TestWeightNormConv2D(TestCase):
 
         layer = KernelProbe(5, 3, use_bias=False)
         layer.build((1, 6, 6, 4))
+        layer.input_spec = None  # its `call` takes a kernel-shaped tensor, not images
         layer.set_weights([kernel.astype("float32"), log_g.astype("float32")])
         _, (grad_kernel, grad_log_g) = gradients(layer, lambda y: y, {"inputs": r.astype("float32")})
 
