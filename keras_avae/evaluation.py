@@ -25,6 +25,7 @@ from keras_avae._validation import check_finite_outputs
 from keras_avae._validation import check_images
 from keras_avae._validation import check_positive_int
 from keras_avae._validation import concrete_numpy
+from keras_avae._validation import is_integer
 
 
 def importance_sampled_log_likelihood(model, x, num_samples=100, chunk_size=None):
@@ -296,7 +297,7 @@ def score_batches(
         batches: an iterable of image batches, in the same order every run
             (e.g. `datasets.make_dataset(..., shuffle=False)`).
         num_samples: K, importance samples per image.
-        seed: int, seeds the samples of every batch.
+        seed: int (NumPy's too) in `[0, 2**20)`, seeds the samples of every batch.
         progress_path: optional `.npz` path. The per-image results are
             written there (atomically) after every batch; if it exists, its
             batches are skipped and the run continues where it stopped.
@@ -328,8 +329,9 @@ def score_batches(
     >>> first["log_px"].shape, np.allclose(first["log_px"], again["log_px"])
     ((4,), True)
     """
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**20:
+    if not is_integer(seed) or not 0 <= seed < 2**20:
         raise ValueError(f"`seed` must be an int in [0, 2**20). Received: seed={seed!r}")
+    seed = int(seed)  # a NumPy int32 would overflow in `_reseed` and is not JSON for the progress file
     # Unchecked, 0 divided by zero in the pass plans and 2.5 asked for a chunk of half a sample.
     num_samples = check_positive_int(num_samples, "num_samples")
     if chunk_size is not None:

@@ -707,6 +707,30 @@ def test_train_applies_the_recipe_augmentation_and_set_epochs(tmp_path, capsys, 
     assert calls["random_flip"] is False and "random_flip" not in calls["train"]["data_info"]
 
 
+def test_train_resumed_on_another_device_count_says_which_batch_size_works(tmp_path, capsys):
+    """Before: only "batch_size: recorded 8, requested 4", global batches the user never typed."""
+    from keras_avae.training.run_folder import _check_run_record
+
+    out, argv = tiny_train_command(tmp_path)
+    argv += ["--epochs", "1", "--steps-per-epoch", "1"] + sets(TINY_SETS)
+    assert run_main(argv + ["--batch-size", "4"], capsys)[0] == 0
+    # What `--batch-size 4 --strategy mirrored --cpu-devices 2` records: 4 x 2.
+    record = json.loads((out / "run.json").read_text())
+    (out / "run.json").write_text(json.dumps(dict(record, batch_size=8, replicas=2)))
+    status, _, err = run_main(argv + ["--batch-size", "4"], capsys)
+    assert status == 2
+    assert_one_line_error(
+        err, "batch_size: recorded 8, requested 4 (global batches: the per-replica --batch-size of "
+        "`keras-avae train` times the replicas, 2 then, 1 now; --batch-size 8 gives 8)"
+    )
+    status, _, err = run_main(argv + ["--batch-size", "8"], capsys)  # the hint's value resumes it
+    assert status == 0 and "Nothing to train" in err, err
+    # A global batch that the replicas now cannot make.
+    (out / "run.json").write_text(json.dumps(dict(record, batch_size=10, replicas=2)))
+    with pytest.raises(ValueError, match=r"requested 9 \(.*replicas, 2 then, 3 now; no --batch-size gives 10 on 3\)"):
+        _check_run_record(out / "run.json", dict(record, batch_size=9, replicas=3))
+
+
 def test_train_stopped_mid_epoch_resumes_on_the_same_batches(tmp_path, capsys, monkeypatch):
     """A run stopped by SIGINT mid-epoch and resumed ends with the weights of an uninterrupted run.
 

@@ -9,6 +9,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import warnings
 
 import keras
@@ -159,6 +160,18 @@ def test_temporaries_of_killed_writes_are_removed(model, tmp_path, name):
         path.write_bytes(b"cut")
     evaluation.score_batches(model, BATCHES[:1], num_samples=2, progress_path=str(progress))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, name])
+
+
+def test_numpy_integer_seeds_score_as_their_int(model, tmp_path):
+    """Before: NumPy integer seeds were refused ("`seed` must be an int")."""
+    expected = evaluation.score_batches(model, BATCHES[:1], num_samples=2, seed=2**20 - 1)["log_px"]
+    for seed in (np.int64(2**20 - 1), np.int32(2**20 - 1)):  # int32: `_reseed`'s key would overflow
+        path = tmp_path / f"{type(seed).__name__}.npz"
+        scores = evaluation.score_batches(model, BATCHES[:1], num_samples=2, seed=seed, progress_path=path)
+        np.testing.assert_array_equal(scores["log_px"], expected)
+    for seed in (np.int64(2**20), np.bool_(True), 1.0):
+        with pytest.raises(ValueError, match=re.escape(f"Received: seed={seed!r}")):
+            evaluation.score_batches(model, BATCHES[:1], num_samples=2, seed=seed)
 
 
 def test_bad_seed_names_the_value(model):

@@ -71,6 +71,16 @@ def test_make_strategy_on_jax(monkeypatch):
         training.make_strategy("multi-worker")
 
 
+def test_make_distribution_checks_kind_and_cpu_devices_as_make_strategy_does():
+    """Before: any `kind` gave a DataParallel, and a bad `cpu_devices` was named `num_devices`."""
+    for make in (training.make_strategy, training.make_distribution):
+        with pytest.raises(ValueError, match=r"`kind` must be one of .*Received: kind='ring'"):
+            make("ring")
+        for bad in (0, "2", True):
+            with pytest.raises(ValueError, match=rf"`cpu_devices` must be .*Received: cpu_devices={bad!r}$"):
+                make("mirrored", cpu_devices=bad)
+
+
 @jax_only
 def test_train_refuses_what_data_parallel_cannot_split(tmp_path):
     # Two entries of one device: the checks come before the mesh is used.

@@ -232,6 +232,20 @@ def test_figures_do_not_depend_on_the_generators_state_which_is_restored(written
         close(drawn[1]["images"], crop(model.sample(4, temperature=1.0, readjust_batch_norm=True)))
 
 
+def test_the_same_seed_at_the_same_batch_size_gives_the_same_report(written, tmp_path):
+    """Every JSON figure is the same when written again (the KL and attention draws follow the batches)."""
+    model, x = written["model"], written["x"][:4]
+
+    def report(folder):
+        write_report(model, x, tmp_path / folder, temperatures=(1.0,), num_samples=2, num_reconstructions=2,
+                     num_interpolations=1, interpolation_steps=2, seed=SEED, batch_size=2, progress=False)
+        return {path.name: path.read_text() for path in (tmp_path / folder).glob("*.json")}
+
+    first = report("a")
+    assert {"kl_per_layer.json", "depthwise_attention.json"} <= set(first)
+    assert report("b") == first
+
+
 # ---------------------------------------------------------------------- #
 # Training curves
 # ---------------------------------------------------------------------- #

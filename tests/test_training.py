@@ -499,6 +499,27 @@ def test_make_strategy_arguments():
     assert strategy.num_replicas_in_sync == 1 and training.is_chief(strategy)
 
 
+def test_train_refuses_a_strategy_make_strategy_does_not_make(tmp_path):
+    """Before: on JAX a name, an int or a `ModelParallel` trained on one device without a word
+    (`num_replicas` counted 1); on TensorFlow, a raw AttributeError."""
+    wanted = {
+        "tensorflow": "a tf.distribute.Strategy or None",
+        "jax": "a keras.distribution.DataParallel or None",
+    }.get(BACKEND, "None")
+    strategies = ["mirrored", 2]
+    if BACKEND == "jax":
+        mesh = keras.distribution.DeviceMesh((1,), ["batch"], keras.distribution.list_devices()[:1])
+        strategies.append(keras.distribution.ModelParallel(layout_map=keras.distribution.LayoutMap(mesh)))
+    x = np.zeros((8, 8, 8, 1), "float32")
+    for strategy in strategies:
+        with pytest.raises(ValueError, match=r"`strategy` must be " + wanted) as error:
+            training.train("mnist-baseline", x, tmp_path / "run", epochs=1, batch_size=8, strategy=strategy,
+                           config_overrides=TINY, verbose=0, tensorboard=False)
+        assert f"on the {BACKEND} backend" in str(error.value)
+        assert str(error.value).endswith(f"Received: strategy={strategy!r}")
+    assert not (tmp_path / "run").exists()
+
+
 # ---------------------------------------------------------------------- #
 # train() end to end, in process
 # ---------------------------------------------------------------------- #

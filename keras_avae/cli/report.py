@@ -33,7 +33,9 @@ def _add_report_parser(commands, backend):
     report.add_argument("--temperatures", type=_positive(float), nargs="+",
                         help="sampling temperatures (default: 0.6 0.8 1.0)")
     report.add_argument("--num-samples", type=_positive(int), default=25, help="samples per grid")
-    report.add_argument("--batch-size", type=_positive(int), default=100, help="images per pass")
+    report.add_argument("--batch-size", type=_positive(int), default=100,
+                        help="images per pass; the KL and attention numbers depend on it (their draws follow the "
+                        "batches)")
     report.add_argument(
         "--seed", type=_seed_below(2**31, "2**31"), default=0, help="binarisation and sampling seed, 0 to 2**31 - 1"
     )

@@ -4,8 +4,10 @@ The numbers come from `keras_avae.inspection` and the model's own
 `sample`/`reconstruct`; `figures` and `grids` draw them, `page` links them.
 Every random step starts the model's seed generator at its own state
 `(seed, stream)` and restores the generator afterwards, so a figure does
-not depend on which figures came before it, and the same `seed` gives the
-same report.
+not depend on which figures came before it, and the same `seed` at the
+same `batch_size` gives the same report (the KL and attention figures draw
+their posterior samples batch by batch, so their numbers follow
+`batch_size`).
 """
 
 import contextlib
@@ -230,7 +232,8 @@ def write_report(
         num_interpolations: pairs of images interpolated (images 0-1, 2-3, ...).
         interpolation_steps: images per interpolation, endpoints included.
         seed: seeds every random step (see the module docstring).
-        batch_size: images per pass of the inspection functions.
+        batch_size: images per pass of the inspection functions; the KL
+            and attention numbers depend on it (see the module docstring).
         info: dict of extra rows for the page's header (weights, data, ...).
 
     Returns:

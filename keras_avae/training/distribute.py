@@ -82,10 +82,7 @@ def make_strategy(kind="auto", cpu_devices=None, *, coordinator_address=None, nu
 
     >>> strategy = make_strategy("one-device")  # doctest: +SKIP
     """
-    if kind not in STRATEGIES:
-        raise ValueError(f"`kind` must be one of {STRATEGIES}. Received: kind={kind!r}")
-    if cpu_devices is not None and (not isinstance(cpu_devices, int) or isinstance(cpu_devices, bool) or cpu_devices < 1):
-        raise ValueError(f"`cpu_devices` must be a positive int or None. Received: cpu_devices={cpu_devices!r}")
+    _check_kind_and_cpu_devices(kind, cpu_devices)
     if BACKEND == "jax":
         from keras_avae.training.jax_distribution import make_distribution
 
@@ -144,6 +141,41 @@ def make_strategy(kind="auto", cpu_devices=None, *, coordinator_address=None, nu
         return tf.distribute.MirroredStrategy(devices=cpus)
     device = "/gpu:0" if gpus else "/cpu:0"
     return tf.distribute.OneDeviceStrategy(device)
+
+
+def _check_kind_and_cpu_devices(kind, cpu_devices):
+    """`make_strategy`'s and `make_distribution`'s checks of `kind` and `cpu_devices`."""
+    if kind not in STRATEGIES:
+        raise ValueError(f"`kind` must be one of {STRATEGIES}. Received: kind={kind!r}")
+    if cpu_devices is not None and (not isinstance(cpu_devices, int) or isinstance(cpu_devices, bool) or cpu_devices < 1):
+        raise ValueError(f"`cpu_devices` must be a positive int or None. Received: cpu_devices={cpu_devices!r}")
+
+
+def _check_strategy(strategy):
+    """Refuses a `strategy` that `make_strategy` does not make on this backend.
+
+    On JAX, `num_replicas` counts 1 for anything but a `DataParallel`, so a
+    name or a `ModelParallel` would train on one device without a word; on
+    TensorFlow it would fail on a missing attribute.
+    """
+    if strategy is None:
+        return
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        accepted, wanted = isinstance(strategy, tf.distribute.Strategy), "a tf.distribute.Strategy or None"
+    elif BACKEND == "jax":
+        accepted, wanted = _is_data_parallel(strategy), "a keras.distribution.DataParallel or None"
+    else:
+        accepted, wanted = False, "None (it trains on one device)"
+    if not accepted:
+        by_name = ""
+        if isinstance(strategy, str) and BACKEND in ("tensorflow", "jax"):
+            by_name = f" (by name: strategy=make_strategy({strategy!r}))"
+        raise ValueError(
+            f"`strategy` must be {wanted} on the {BACKEND} backend, as `make_strategy(kind)` returns{by_name}. "
+            f"Received: strategy={strategy!r}"
+        )
 
 
 def split_cpu(num_devices):

@@ -34,8 +34,33 @@ _RESUME_KEYS = ("model", "config", "recipe", "steps_per_epoch", "batch_size", "d
 # Entries of those settings a resume may change: synchronised batch norm
 # follows the device count; the stop limit, raised, lets a stopped run go on.
 _FREE_ENTRIES = {("config", "synchronized_batch_norm"), ("recipe", "max_nonfinite_steps")}
-# What a differing entry means, where its name does not say it.
-_HINTS = {"data.train_images_sha256": " (these are not the images the run trained on)"}
+
+
+def _batch_size_hint(previous, record):
+    """What `keras-avae train --batch-size` (per replica) gives the recorded global batch on this device count.
+
+    The message quotes global batches, which a resume on another device
+    count changes for the same `--batch-size`.
+    """
+    recorded, replicas = previous["batch_size"], record.get("replicas")
+    if not isinstance(recorded, int) or not isinstance(replicas, int) or replicas < 1:
+        return ""
+    counts = f"{replicas} now"
+    if previous.get("replicas") not in (None, replicas):
+        counts = f"{previous['replicas']} then, {counts}"
+    if recorded % replicas:
+        flag = f"no --batch-size gives {recorded} on {replicas}"
+    else:
+        flag = f"--batch-size {recorded // replicas} gives {recorded}"
+    return f" (global batches: the per-replica --batch-size of `keras-avae train` times the replicas, {counts}; {flag})"
+
+
+# What a differing entry means, where its name does not say it:
+# `(recorded record, requested record) -> text` after its values.
+_HINTS = {
+    "data.train_images_sha256": lambda previous, record: " (these are not the images the run trained on)",
+    "batch_size": _batch_size_hint,
+}
 
 
 @contextlib.contextmanager
@@ -130,7 +155,8 @@ def _check_run_record(path, record, finished_epochs=None):
             changes.append(("epochs", previous["epochs"], record["epochs"]))
     if changes:
         details = "; ".join(
-            f"{key}: recorded {old!r}, requested {new!r}{_HINTS.get(key, '')}" for key, old, new in changes
+            f"{key}: recorded {old!r}, requested {new!r}{_HINTS[key](previous, record) if key in _HINTS else ''}"
+            for key, old, new in changes
         )
         raise ValueError(
             f"{path.parent} holds a run with other settings ({details}). Resume it with the recorded "

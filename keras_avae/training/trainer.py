@@ -27,6 +27,7 @@ from keras_avae.training.callbacks import _ResumableGumbelSchedule
 from keras_avae.training.callbacks import _RunProgressBar
 from keras_avae.training.checkpoints import AtomicBackupAndRestore
 from keras_avae.training.compile_modes import compile_mode
+from keras_avae.training.distribute import _check_strategy
 from keras_avae.training.distribute import _is_multi_worker
 from keras_avae.training.distribute import _multi_worker_log_reduction
 from keras_avae.training.distribute import num_replicas
@@ -389,7 +390,8 @@ def train(
             (TensorFlow), a `keras.distribution.DataParallel` (JAX: the
             model is built and `fit` runs in its `scope()`; each global
             batch is split over the devices and batch-norm statistics are
-            those of the global batch), or `None`.
+            those of the global batch), or `None`; anything else (a name,
+            another `keras.distribution`) is refused.
         validation_data: optional held-out images (dataset or array).
         validation_steps: steps of validation per epoch.
         batch_size: global batch for array inputs; defaults to the recipe's
@@ -449,6 +451,7 @@ def train(
     (2, ['model.keras', 'model.weights.h5'])
     """
     check_bool(deterministic, "deterministic")
+    _check_strategy(strategy)
     stream = dataset if callable(dataset) else None
     if stream is not None:
         dataset = stream(0)
