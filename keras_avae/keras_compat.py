@@ -7,8 +7,9 @@ by Keras the way these helpers assume), so a Keras release that changes one
 fails there, by name, rather than somewhere inside training. Measured to
 work with `TESTED_KERAS_VERSION`.
 
-- `register_tree_node_class`: a class Keras' tree utilities flatten (the
-  distributions a layer returns carry their parameters as leaves).
+- `register_tree_node_class`: a class Keras' tree utilities (and JAX's, on
+  JAX) flatten (the distributions a layer returns carry their parameters as
+  leaves).
 - `no_automatic_dependency_tracking`: the decorator an optimizer wrapper's
   `build` needs (`NonFiniteGuard`), as Keras' `LossScaleOptimizer` has it.
 - `set_initial_epoch`: the epoch `fit` starts from, set by a callback (what
@@ -29,7 +30,7 @@ import contextlib
 import keras
 
 # Keras exposes no public way to declare a tree node.
-from keras.src.tree import register_tree_node_class  # noqa: F401
+from keras.src.tree import register_tree_node_class as _register_keras_tree_node_class
 
 # Whether variables are being read and written through a `StatelessScope`
 # (then an assignment must go through `Variable.assign`).
@@ -40,6 +41,28 @@ from keras.src.backend.common.stateless_scope import in_stateless_scope  # noqa:
 from keras.src.utils.tracking import no_automatic_dependency_tracking  # noqa: F401
 
 TESTED_KERAS_VERSION = "3.15.1"
+
+
+def register_tree_node_class(cls):
+    """Declares `cls` (with `tree_flatten`/`tree_unflatten`) a node of Keras' trees, and on JAX of JAX's.
+
+    Keras' trees are its own (optree's "keras" namespace); JAX's traces
+    (`jax.jit`, and `jax.eval_shape` for the symbolic call of a layer
+    subclass) take only JAX pytrees.
+
+    Example (the class of `DiscretizedLogisticMixture`'s outputs is one):
+
+    >>> from keras_avae.distributions import DiscretizedLogisticMixtureDistribution
+    >>> dist = DiscretizedLogisticMixtureDistribution(np.zeros((1, 2, 2, 10), "float32"))
+    >>> [tuple(leaf.shape) for leaf in keras.tree.flatten(dist)]
+    [(1, 2, 2, 10)]
+    """
+    cls = _register_keras_tree_node_class(cls)
+    if keras.backend.backend() == "jax":
+        import jax
+
+        jax.tree_util.register_pytree_node_class(cls)
+    return cls
 
 
 def set_initial_epoch(model, epoch):

@@ -355,12 +355,3 @@ class DiscretizedLogisticMixtureDistribution:
 
         children, metadata = self.torchtree_flatten()
         return [(torch_tree.SequenceKey(i), v) for i, v in enumerate(children)], metadata
-
-
-if keras.backend.backend() == "jax":
-    # JAX's traces take only JAX pytrees: the symbolic call of a layer
-    # subclass that returns the distribution (traced by `jax.eval_shape`),
-    # or a jitted function that does.
-    import jax
-
-    jax.tree_util.register_pytree_node_class(DiscretizedLogisticMixtureDistribution)

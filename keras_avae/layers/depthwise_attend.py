@@ -172,8 +172,8 @@ class DepthwiseAttend(keras.layers.Layer):
             if norm is not None:
                 norm.build(context_shape)
 
-    def _check_shapes(self, query_shape, keys_shape, values_shape):
-        """`_check_shapes`, and once built, the channels the layer was built for."""
+    def _check_call_shapes(self, query_shape, keys_shape, values_shape):
+        """The module's `_check_shapes`, and once built, the channels the layer was built for."""
         shapes = _check_shapes(query_shape, keys_shape, values_shape)
         if getattr(self, "_built_channels", None):
             for name, channels, built in zip(("query", "values"), shapes[1:], self._built_channels):
@@ -187,7 +187,7 @@ class DepthwiseAttend(keras.layers.Layer):
 
     def call(self, query, keys, values, return_attention_scores=False):
         # Shapes are checked on every call: N, and list vs. stacked, may change.
-        self._check_shapes(query.shape, _shapes(keys), _shapes(values))
+        self._check_call_shapes(query.shape, _shapes(keys), _shapes(values))
 
         # Logits (B, H, W, N) in float32. The products stay in the compute
         # dtype (but float16, see `_dot`) so that only the original query and
@@ -228,7 +228,7 @@ class DepthwiseAttend(keras.layers.Layer):
         return x + ops.gelu(norm(x))
 
     def compute_output_shape(self, query_shape, keys_shape, values_shape):
-        _, _, value_channels = self._check_shapes(query_shape, keys_shape, values_shape)
+        _, _, value_channels = self._check_call_shapes(query_shape, keys_shape, values_shape)
         return tuple(query_shape[:-1]) + (value_channels,)
 
     def compute_output_spec(self, query, keys, values, return_attention_scores=False):
@@ -238,7 +238,7 @@ class DepthwiseAttend(keras.layers.Layer):
             return keras.Operation.compute_output_spec(
                 self, query, keys, values, return_attention_scores=return_attention_scores
             )
-        num_contexts, _, value_channels = self._check_shapes(query.shape, _shapes(keys), _shapes(values))
+        num_contexts, _, value_channels = self._check_call_shapes(query.shape, _shapes(keys), _shapes(values))
         output = keras.KerasTensor(tuple(query.shape[:-1]) + (value_channels,), dtype=self.compute_dtype)
         if not return_attention_scores:
             return output

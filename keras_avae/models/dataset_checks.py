@@ -3,8 +3,8 @@
 Arrays are checked whole before a step runs (`check_images`). A dataset
 cannot be read ahead, so its element spec is checked at once (image shape
 and dtype) and every batch in its own pipeline (pixel range): a dataset of
-0-255 pixels used to give a finite, meaningless NELBO (12 million nats for
-a tiny model) without a word. The batch check is a min/max reduction in
+0-255 pixels used to give a finite, meaningless NELBO (15 million nats for
+the tiny test model) without a word. The batch check is a min/max reduction in
 the `tf.data` pipeline, beside the training step, on any backend (Keras
 reads `tf.data` datasets on all of them). Non-finite pixels pass, as they
 do for arrays. Generators, `PyDataset`s and distributed datasets are not

@@ -126,12 +126,9 @@ class ELBOModel(PresetMixin, keras.Model):
         not callable") after, say, a refused batch. The values held before
         the loop are restored where no step's state replaced them.
         """
-        if keras.backend.backend() != "jax":
-            with dataset_checks.readable_pixel_errors():
-                yield
-            return
-        variables = {id(variable): variable for variable in self._jax_loop_variables()}.values()
-        before = [(variable, variable.value) for variable in variables]
+        before = []
+        if keras.backend.backend() == "jax":
+            before = [(variable, variable.value) for variable in self._jax_loop_variables()]
         with dataset_checks.readable_pixel_errors():
             try:
                 yield
