@@ -480,9 +480,16 @@ def _feature_map(x, random_features, kernel, is_query, scale, eps, valid=None, n
             stabiliser = row_max - half_norm
         else:
             stabiliser = ops.max(row_max - half_norm, axis=sequence_axis, keepdims=True)
-        # Added negated: torch's gradient of a subtraction negates the whole
-        # (..., L, N, m) gradient before summing it; here only the (..., 1) column.
-        exponent = projection + ops.negative(half_norm + ops.stop_gradient(stabiliser))
+        # `W x - max(W x)` plus a per-row offset that is at most 0 in float32
+        # too (the stabiliser is the maximum of the very same values), so the
+        # features stay in (0, 1]. Subtracting `half_norm + stabiliser` instead
+        # cancels two numbers of size |x|^2: past entries of about 1e3 the
+        # features exceeded 1, and near 6e4 they reached inf (NaN attention).
+        # Only the (..., 1) column is negated: torch's gradient of a
+        # subtraction negates the whole (..., L, N, m) gradient.
+        row_max = ops.stop_gradient(row_max)
+        offset = (row_max - half_norm) - ops.stop_gradient(stabiliser)
+        exponent = projection + ops.negative(row_max - offset)
         if valid is not None:
             exponent = ops.where(valid, exponent, -1e30)
         features = ops.exp(exponent)

@@ -252,6 +252,24 @@ class TestFavorFeatureMap(TestCase):
                 assert stderr < 0.05 * exact, (i, j, stderr, exact)
                 assert abs(estimate - exact) < 4 * stderr, (i, j, estimate, exact, stderr)
 
+    @pytest.mark.parametrize("std", [1e3, 6e4])
+    def test_key_features_stay_in_range_at_huge_norms(self, std):
+        # The exponent is `W x - |x|^2 / 2 - c` with |x|^2 / 2 of order
+        # std^2: subtracting it in one go lost the features' range (up to 1.03
+        # at std 1e3, inf and NaN attention at 6e4, in 5 of 30 draws).
+        w = orthogonal_random_features(16, 8, seed=0)
+        for seed in range(10):
+            q, k, v = random_qkv(seed, std=std)
+            features = to_numpy(favor_feature_map(k, w, is_query=False, eps=0.0))
+            assert np.all(np.isfinite(features)) and features.min() >= 0.0, seed
+            # The largest feature of each element and head is exactly exp(0) / sqrt(m).
+            np.testing.assert_array_equal(features.max(axis=(1, 3)), 0.25)
+            out = to_numpy(favor_attention(q, k, v, w))
+            # Each output is a weighted mean of the values of its element and head.
+            low, high = v.min(axis=1, keepdims=True), v.max(axis=1, keepdims=True)
+            assert np.all(np.isfinite(out)), seed
+            assert np.all((out >= low - 1e-5) & (out <= high + 1e-5)), seed
+
     def test_bad_arguments(self):
         q, _, _ = random_qkv(0)
         w = orthogonal_random_features(16, 8, seed=0)
