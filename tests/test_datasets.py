@@ -264,6 +264,30 @@ def test_area_downsample_orientation_and_blocks():
         datasets.area_downsample(y, 30)
 
 
+@pytest.mark.parametrize("side, size", [(105, 28), (105, 32), (64, 28), (7, 7)])
+def test_area_downsample_is_exact_for_integer_images(side, size):
+    # Reference: exact integer sums of covered areas (in units of 1 / size),
+    # one division. A float32 product in BLAS order gave 6 / 225 as two
+    # values 1 ulp apart on OMNIGLOT, so a binarised pixel could depend on the CPU.
+    rng = np.random.default_rng(side + size)
+    x = rng.integers(0, 2, size=(3, side, side)).astype(np.uint8)
+    x[0] = 1
+    overlap = np.zeros((size, side), np.int64)
+    for i in range(size):
+        for p in range(side):
+            overlap[i, p] = max(0, min((i + 1) * side, (p + 1) * size) - max(i * side, p * size))
+    sums = np.einsum("ip,npq,jq->nij", overlap, x.astype(np.int64), overlap)
+    expected = (sums / float(side * side)).astype(np.float32)
+    out = datasets.area_downsample(x, size)
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(out[0], 1.0)
+    # The shipped OMNIGLOT sample holds these exact levels, k / 225.
+    if (side, size) == (105, 28):
+        grey = datasets.shipped_sample("omniglot", 100, binarize=None)
+        levels = np.round(grey.astype(np.float64) * 225)
+        np.testing.assert_array_equal(grey, (levels / 225).astype(np.float32))
+
+
 def test_omniglot_105_values_out_of_range_are_refused(tmp_path):
     # Before: one NaN pixel spread through the area average to all 784 pixels of its image.
     cases = (

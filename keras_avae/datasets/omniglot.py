@@ -89,7 +89,13 @@ def area_downsample(images, size):
     `s = H / size`, weighting partly covered input pixels by the covered
     fraction (what `tf.image.resize(..., method="area")`, OpenCV's
     `INTER_AREA` and PIL's `BOX` compute). Binary inputs become grey levels in
-    [0, 1]; the image mean is preserved exactly.
+    [0, 1], multiples of `1 / H^2`.
+
+    The sums are exact for integer-valued inputs (integer overlap weights
+    summed in float64), each output rounded once to float32: the same values
+    on every CPU, whatever its BLAS summation order (a float32 product gave
+    one grey level, 6 / 225, as two values 1 ulp apart, so that a statically
+    binarised pixel could depend on the machine).
 
     Args:
         images: array `(N, H, H)`, any real dtype.
@@ -110,18 +116,20 @@ def area_downsample(images, size):
     side = images.shape[1]
     if not isinstance(size, int) or not 1 <= size <= side:
         raise ValueError(f"`size` must be an int in [1, {side}]. Received: size={size!r}")
-    scale = side / size
-    lo = np.arange(size)[:, None] * scale
-    hi = lo + scale
-    pixels = np.arange(side)[None, :]
-    weights = (np.clip(np.minimum(hi, pixels + 1) - np.maximum(lo, pixels), 0, None) / scale).astype(np.float32)
+    # In units of 1 / size, output pixel i covers [i * H, (i + 1) * H) and
+    # input pixel p covers [p * size, (p + 1) * size): integer overlaps, and
+    # the weight of p in i is overlap / H.
+    out_edges = np.arange(size, dtype=np.int64)[:, None] * side
+    in_edges = np.arange(side, dtype=np.int64)[None, :] * size
+    overlap = np.minimum(out_edges + side, in_edges + size) - np.maximum(out_edges, in_edges)
+    weights = np.clip(overlap, 0, None).astype(np.float64)  # (size, H)
     out = np.empty((images.shape[0], size, size), np.float32)
     for start in range(0, images.shape[0], 2048):
-        chunk = images[start : start + 2048].astype(np.float32)
+        chunk = images[start : start + 2048].astype(np.float64)
         n = chunk.shape[0]
         rows = (chunk.reshape(n * side, side) @ weights.T).reshape(n, side, size)  # (n, H, size)
         cols = rows.transpose(0, 2, 1).reshape(n * size, side) @ weights.T  # (n * size, size): (w, h)
-        out[start : start + n] = cols.reshape(n, size, size).transpose(0, 2, 1)
+        out[start : start + n] = (cols / float(side * side)).reshape(n, size, size).transpose(0, 2, 1)
     if images.dtype == bool or (images.size and images.min() >= 0 and images.max() <= 1):
         np.clip(out, 0.0, 1.0, out=out)  # Rounding must not leave [0, 1].
     return out
