@@ -103,7 +103,9 @@ class HierarchicalVAE(HierarchicalLayers, HierarchicalInference, ELBOModel):
             to a concrete int at construction (`seed`, or a random int when
             both are `None`) and kept in `get_config()`: a saved or reloaded
             model computes with the features it was trained with, whatever
-            sampling `seed` it is given.
+            sampling `seed` it is given. Every performer block of the model
+            draws from this one seed, so blocks of the same `key_dim` share
+            one feature matrix (the shipped entries were trained so).
         **kwargs: `keras.Model` arguments (`name`, `dtype`).
 
     Call arguments:
