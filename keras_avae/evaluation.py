@@ -49,7 +49,7 @@ def importance_sampled_log_likelihood(model, x, num_samples=100, chunk_size=None
     Args:
         model: a keras-avae VAE (it provides `bottom_up` and `log_weights`).
         x: a batch of images in the model's input range (no NaN or inf, at
-            least one image).
+            least one image), each pixel one of the model's `pixel_levels`.
         num_samples: K, the number of importance samples per image.
         chunk_size: the most samples drawn per top-down pass (default: all
             K at once for small batches, otherwise bounded so a pass holds
@@ -144,8 +144,47 @@ def _plan_within(batch, num_samples, chunk_size, max_rows):
 def _checked_images(model, x, name):
     """`x` as a checked float32 NumPy batch; only made concrete for a model without image metadata."""
     if hasattr(model, "image_shape") and hasattr(model, "pixel_range"):
-        return check_images(x, model.image_shape, model.pixel_range, name=name)
+        x = check_images(x, model.image_shape, model.pixel_range, name=name)
+        if hasattr(model, "pixel_levels"):
+            _check_pixel_levels(x, model.pixel_range, model.pixel_levels, name)
+        return x
     return concrete_numpy(x, name)
+
+
+def _check_pixel_levels(x, pixel_range, levels, name):
+    """Raises unless every value of `x` is one of the `levels` pixel levels spread evenly over `pixel_range`.
+
+    The estimate is `log p(x)` of a discrete distribution over those levels
+    only: a Bernoulli model scored grey pixels by a cross-entropy, and the
+    logistic mixture scored in-range values between its levels (CIFAR-10 in
+    [0, 1] instead of [-1, 1]: half the levels between two) as if they were
+    levels, each a finite and plausible figure in nats that no density gives.
+
+    Example:
+
+    >>> _check_pixel_levels(np.array([[0.0, 0.5]]), (0.0, 1.0), 2, "x")
+    Traceback (most recent call last):
+    ...
+    ValueError: Expected `x` to hold only the model's 2 pixel levels (binary pixels: 0 or 1; ...
+    Received: x with 1 values between levels, e.g. 0.5
+    """
+    low, high = pixel_range
+    position = (np.asarray(x, np.float64) - low) * ((levels - 1) / (high - low))
+    # 1e-3 of a level: far above float32 rounding of `k / 127.5 - 1`, far below any real offset.
+    between = np.abs(position - np.round(position)) > 1e-3
+    if between.any():
+        kind = (
+            "binary pixels: 0 or 1; binarise grey images first"
+            if levels == 2
+            else f"{low:g} + k * {(high - low):g} / {levels - 1} for integers k, e.g. `pixels / 127.5 - 1` for "
+            "8-bit pixels"
+        )
+        raise ValueError(
+            f"Expected `{name}` to hold only the model's {levels} pixel levels ({kind}): its log p(x) is a "
+            f"probability of those levels only. Received: {name} with {int(between.sum())} values between "
+            f"levels, e.g. {float(np.asarray(x)[between][0])!r}"
+        )
+
 
 # Default chunks hold at most this many image-samples: larger passes gain
 # nothing in speed on a CPU.

@@ -49,6 +49,12 @@ def inference_pass(model, name, fn, static_argnums=(), xla_on_tensorflow=False):
     backend = keras.backend.backend()
     if backend == "tensorflow" and not xla_on_tensorflow:
         return fn
+    # Every variable must exist before the pass is compiled: XLA cannot create
+    # one inside its function (an unbuilt model's `log_likelihood` failed with
+    # "We failed to lift variable creations out of this tf.function"), and
+    # one created inside a JAX trace would hold a tracer once the trace ends.
+    if not model.built:
+        model.build()
     cache = model.__dict__.get("_keras_avae_inference_passes")
     if cache is None:
         cache = {}
@@ -96,10 +102,6 @@ def _jax_stateless_jit(model, fn, static_argnums=()):
     """
     import jax
 
-    # Every variable must exist before tracing: one created inside the
-    # traced function would hold a tracer once the trace ends.
-    if not model.built:
-        model.build()
     trainable = list(model.trainable_variables)
     non_trainable = list(model.non_trainable_variables)
     offset = 2  # the two lists of variable values come first

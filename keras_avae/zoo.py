@@ -79,7 +79,8 @@ def names():
 
 def _get(name):
     entries = _entries()
-    if name not in entries:
+    # `isinstance` first: an unhashable name (a list) raised a bare TypeError from the lookup.
+    if not isinstance(name, str) or name not in entries:
         raise ValueError(f"Unknown zoo entry. Valid names: {', '.join(sorted(entries))}. Received: name={name!r}")
     return entries[name]
 
@@ -154,7 +155,13 @@ _NEUTRAL_OVERRIDES = frozenset(
 
 
 def _normalized(value):
-    """JSON-like form for comparing values: tuples as lists (`(32, 32, 1) == [32, 32, 1]`)."""
+    """JSON-like form for comparing values: tuples as lists (`(32, 32, 1) == [32, 32, 1]`).
+
+    NumPy arrays and scalars, which the models accept (`image_shape=np.array([32, 32, 1])`), as Python
+    values: compared raw, an array gave an elementwise result that `!=` could not test.
+    """
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):  # no NumPy import: `keras-avae zoo` stays light
+        return _normalized(value.tolist())
     if isinstance(value, (list, tuple)):
         return [_normalized(v) for v in value]
     if isinstance(value, dict):

@@ -560,3 +560,50 @@ def test_reseed_gives_every_seed_generator_its_own_stream():
         for i in range(len(draws)):
             for j in range(i):
                 assert not np.allclose(draws[i], draws[j]), (i, j)
+
+
+def test_crop_leaves_the_border_out_of_a_logistic_mixture_likelihood():
+    """Before: the logistic mixture scored every pixel whatever `crop`, while
+    `num_data_dims` (bits/dim) left the border out: 4x too many nats per dim here."""
+    config = dict(TINY, image_shape=(8, 8, 3), likelihood="logistic_mixture", num_mixtures=2, nonlocal_blocks=())
+    full = HierarchicalVAE(**config)
+    cropped = HierarchicalVAE(**dict(config, crop=2))
+    full.build()
+    cropped.build()
+    cropped.set_weights(full.get_weights())
+    x = (np.round(np.random.default_rng(0).random((2, 8, 8, 3)) * 255) / 127.5 - 1).astype("float32")
+    # The same posterior draws in both models (the crop changes only the likelihood).
+    for model in (full, cropped):
+        model.seed_generator.state.assign(np.array([7, 0]))
+    top_down = full.top_down(full.bottom_up(x, training=False), training=False)
+    per_pixel = ops.convert_to_numpy(full.data_distribution_params(top_down["decoded"]).log_prob(x, reduce=False))
+    expected = -per_pixel[:, 2:-2, 2:-2].sum(axis=(1, 2))  # the 4x4 interior, by hand
+    nll = ops.convert_to_numpy(cropped(x, training=False)["nll"])
+    np.testing.assert_allclose(nll, expected, rtol=1e-5)
+    assert cropped.num_data_dims == 4 * 4 * 3
+
+
+def test_scores_are_refused_for_pixels_between_the_likelihoods_levels(model):
+    """Before: grey pixels for a Bernoulli model, and CIFAR-10 scaled to [0, 1] for a logistic mixture
+    (in range, but half its values between two of the 256 levels), got finite log p(x) figures that are
+    no probability of those images (the [0, 1] images scored higher than the right ones)."""
+    x = BATCHES[0]
+    grey = x * 0.5
+    with pytest.raises(ValueError, match=r"`x` to hold only the model's 2 pixel levels.*Received: x with \d+ values"):
+        evaluation.importance_sampled_log_likelihood(model, grey, num_samples=2)
+    with pytest.raises(ValueError, match=r"`x` to hold only the model's 2 pixel levels"):
+        model.log_likelihood(grey, num_samples=2)
+    with pytest.raises(ValueError, match=r"`batches\[1\]` to hold only the model's 2 pixel levels"):
+        evaluation.score_batches(model, [x, grey], num_samples=2)
+    for binary in (x, x.astype("uint8"), x.astype(bool), x.astype("float64")):
+        assert np.all(np.isfinite(model.log_likelihood(binary, num_samples=2)))
+
+    mixture = HierarchicalVAE(**dict(TINY, image_shape=(8, 8, 3), likelihood="logistic_mixture", num_mixtures=2))
+    pixels = np.random.default_rng(0).integers(0, 256, (2, 8, 8, 3))
+    on_grid = (pixels / 127.5 - 1).astype("float32")  # float32 rounding stays on the levels
+    assert mixture.pixel_levels == 256
+    assert np.all(np.isfinite(evaluation.importance_sampled_log_likelihood(mixture, on_grid, num_samples=2)))
+    even = np.flatnonzero(pixels % 2 == 0)[0]  # k / 255 is a level of [-1, 1] only for odd k
+    expected = float(((pixels / 255.0).astype("float32")).reshape(-1)[even])  # the first value between levels
+    with pytest.raises(ValueError, match=rf"256 pixel levels \(-1 \+ k \* 2 / 255.*e\.g\. {re.escape(repr(expected))}"):
+        mixture.log_likelihood((pixels / 255.0).astype("float32"), num_samples=2)

@@ -233,6 +233,11 @@ class ELBOModel(PresetMixin, keras.Model):
         """`(low, high)` of the pixel values the model takes."""
         return (0.0, 1.0)
 
+    @property
+    def pixel_levels(self):
+        """How many pixel values, spread evenly over `pixel_range`, the likelihood scores (2: binary)."""
+        return 2
+
     def _check_images(self, x, name="x"):
         """Eager check of user images (shape, empty batch, NaN/inf, pixel range); a tensor of them.
 
@@ -310,8 +315,9 @@ class ELBOModel(PresetMixin, keras.Model):
 
         Args:
             x: images `(B, H, W, C)` in the model's pixel range; NaN or
-                infinite values, an empty batch, a wrong shape or values out
-                of range raise `ValueError`.
+                infinite values, an empty batch, a wrong shape, values out
+                of range or between the likelihood's `pixel_levels` (grey
+                pixels for a Bernoulli model) raise `ValueError`.
             num_samples: K, a positive int.
             chunk_size: `None` or a positive int, the most samples drawn
                 per pass.

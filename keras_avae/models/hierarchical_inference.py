@@ -33,6 +33,10 @@ class HierarchicalInference:
     def pixel_range(self):
         return (0.0, 1.0) if self.likelihood == "bernoulli" else (-1.0, 1.0)
 
+    @property
+    def pixel_levels(self):
+        return 2 if self.likelihood == "bernoulli" else self.data_head.num_bins
+
     def _data_mean_or_sample(self, decoded, mode):
         if mode not in ("mean", "sample"):
             raise ValueError(f"`mode` must be 'mean' or 'sample'. Received: mode={mode!r}")

@@ -366,7 +366,12 @@ class HierarchicalVAE(HierarchicalLayers, HierarchicalInference, ELBOModel):
     def _log_likelihood(self, data_params, x):
         if self.likelihood == "bernoulli":
             return bernoulli_log_prob(data_params, x, crop=self.crop)
-        return data_params.log_prob(x)
+        if not self.crop:
+            return data_params.log_prob(x)
+        # Per pixel, then the border dropped: `crop` pixels are not data here
+        # either (`num_data_dims` leaves them out of bits/dim).
+        c = self.crop
+        return ops.sum(data_params.log_prob(x, reduce=False)[:, c:-c, c:-c], axis=(1, 2))
 
     def call(self, inputs, training=None):
         with batched_normalized_kernels(self._weight_norm_layers()):

@@ -59,6 +59,26 @@ def test_unknown_name_and_override_list_the_valid_ones():
     assert "num_layer" in str(info.value)
 
 
+def test_a_name_that_is_not_a_string_is_an_unknown_entry():
+    # Before: a list raised a bare "TypeError: unhashable type: 'list'" naming neither argument nor value.
+    for call in (zoo.describe, zoo.load, zoo.has_pretrained):
+        with pytest.raises(ValueError, match=r"Unknown zoo entry.*Received: name=\['mnist-attentive-small'\]"):
+            call(["mnist-attentive-small"])
+
+
+def test_numpy_override_values_equal_to_the_entry_keep_the_pretrained_weights():
+    # Before: `image_shape=np.array([32, 32, 1])` (which the model itself takes) raised "The truth value of
+    # an array with more than one element is ambiguous" from the comparison with the entry's value.
+    name = "mnist-gumbel-small"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        model = zoo.load(name, image_shape=np.array([32, 32, 1]))
+    assert has_pretrained_weights(model, name) and model.image_shape == (32, 32, 1)
+    with pytest.warns(UserWarning, match=r"image_shape=array\(\[28, 28,  1\]\)"):
+        fresh = zoo.load(name, image_shape=np.array([28, 28, 1]), crop=0)
+    assert not has_pretrained_weights(fresh, name)
+
+
 def test_load_with_overrides_builds_an_ordinary_keras_model(tmp_path):
     model = zoo.load("omniglot-attentive", num_layers=2, preprocess_filters=4, decoder_filters=4, seed=3)
     assert model.num_layers == 2 and model.built
