@@ -15,6 +15,7 @@ the mechanics, not the numbers.
 """
 
 import argparse
+import math
 import os
 import tempfile
 
@@ -71,7 +72,8 @@ def main(argv=None):
         images = (rng.random((40, 8, 8, 1)) > 0.5).astype("float32")
         x_train, x_val, x_test = images[:24], images[24:32], images[32:]
         space, overrides = QUICK_SPACE, QUICK
-        args.trials, args.epochs, args.retrain_epochs, args.num_samples, args.batch_size = 2, 1, 1, 3, 8
+        # 24 images in batches of 10: a short last batch, as on MNIST (6000 / 32).
+        args.trials, args.epochs, args.retrain_epochs, args.num_samples, args.batch_size = 2, 1, 1, 3, 10
     else:
         # One binarisation of the training images (fit sees the same draw
         # every epoch here); validation: the next training images, held out
@@ -81,7 +83,7 @@ def main(argv=None):
         x_val = held_out[-args.val_images :]
         x_test = mnist_arrays(args.data_dir, "test", args.test_images, 0, "static")
         space, overrides = SPACE, {}
-    steps = max(1, len(x_train) // args.batch_size)
+    steps = math.ceil(len(x_train) / args.batch_size)  # what `fit` runs on arrays, the last batch short
 
     def hypermodel_for(epochs):
         return VAEHyperModel(

@@ -192,13 +192,61 @@ class VAEHyperModel(keras_tuner.HyperModel):
             optimizer=training.make_optimizer(recipe, self.steps_per_epoch, recipe["epochs"]),
             jit_compile=self.jit_compile,
         )
+        # Built now, so that KerasTuner's `load_weights` (Hyperband's next
+        # round, `get_best_models`) restores the optimizer too: unbuilt, its
+        # state was skipped with a warning and the schedule restarted at step 0.
+        model.optimizer.build(model.trainable_variables)
         return model
 
     def fit(self, hp, model, *args, callbacks=None, **kwargs):
-        """`model.fit` with the recipe's per-epoch KL warm-up added."""
+        """`model.fit` with the recipe's per-epoch KL warm-up added.
+
+        Raises `keras_tuner.errors.FatalValueError` (which stops the search)
+        when `fit` would run other epochs or steps per epoch than the
+        learning-rate schedule was laid out for.
+        """
         recipe = self._recipe(hp)
+        self._check_schedule(hp, recipe["epochs"], args[0] if args else kwargs.get("x"), kwargs)
         warmup = training.KLWarmup(recipe.get("kl_warmup_epochs") or 0, recipe.get("kl_min", 1.0))
         return model.fit(*args, callbacks=list(callbacks or []) + [warmup], **kwargs)
+
+    def _check_schedule(self, hp, schedule_epochs, x, kwargs):
+        """Refuses a `fit` whose epochs or steps per epoch differ from the schedule's."""
+        epochs = kwargs.get("epochs", 1)
+        # Hyperband's trials run `tuner/epochs` <= its max_epochs, the schedule's length.
+        short_ok = "tuner/epochs" in hp.values
+        if epochs > schedule_epochs or (epochs < schedule_epochs and not short_ok):
+            raise keras_tuner.errors.FatalValueError(
+                f"`fit` runs epochs={epochs} but the learning-rate schedule is laid out over "
+                f"{schedule_epochs} epochs (the hypermodel's `epochs`, or the recipe's when None), so it would "
+                f"{'end early' if epochs > schedule_epochs else 'never decay'}. Pass "
+                f"VAEHyperModel(..., epochs={epochs}). Received: epochs={epochs}"
+            )
+        steps = _steps_per_epoch(x, kwargs)
+        if steps is not None and steps != self.steps_per_epoch:
+            raise keras_tuner.errors.FatalValueError(
+                f"`fit` runs {steps} steps per epoch but the learning-rate schedule is laid out for "
+                f"steps_per_epoch={self.steps_per_epoch}. Pass VAEHyperModel(..., steps_per_epoch={steps}) "
+                f"(math.ceil(len(x) / batch_size) for arrays). Received: steps_per_epoch={self.steps_per_epoch}"
+            )
+
+
+def _steps_per_epoch(x, kwargs):
+    """The steps per epoch `model.fit(x, **kwargs)` runs, or None where it cannot be told."""
+    if kwargs.get("steps_per_epoch") is not None:
+        return kwargs["steps_per_epoch"]
+    if hasattr(x, "shape") and len(x.shape) > 0 and not hasattr(x, "cardinality"):
+        # Arrays: Keras' split keeps the first floor(n * (1 - validation_split)).
+        n = int(x.shape[0])
+        if kwargs.get("validation_split"):
+            n = int(math.floor(n * (1.0 - kwargs["validation_split"])))
+        return math.ceil(n / (kwargs.get("batch_size") or 32))
+    if isinstance(x, keras.utils.PyDataset):
+        return len(x)
+    if hasattr(x, "cardinality"):  # tf.data: its batches, when finite and known
+        batches = int(x.cardinality())
+        return batches if batches >= 0 else None
+    return None
 
 
 def _checked(key, value):

@@ -208,6 +208,56 @@ def test_transparent_images_are_refused_opaque_alpha_is_dropped(tmp_path):
     np.testing.assert_array_equal(images[0, ..., 0], np.full((32, 32), 200))
 
 
+def test_sixteen_bit_grey_keeps_its_levels_and_its_transparency_is_refused(tmp_path):
+    levels = np.random.default_rng(0).integers(0, 65536, (28, 28), dtype=np.uint16)
+    levels[0, 0] = 1234
+    (tmp_path / "train").mkdir()
+    write_images(tmp_path / "test", 1)
+    PIL.Image.fromarray(levels).save(tmp_path / "train" / "deep.png")
+    assert PIL.Image.open(tmp_path / "train" / "deep.png").mode == "I;16"
+    grey, _ = datasets.read_image_folder(tmp_path, "train", "grey")
+    np.testing.assert_allclose(grey[0, ..., 0], levels / 65535, rtol=1e-6)  # not clipped to 255 / 65535
+    rgb, _ = datasets.read_image_folder(tmp_path, "train", "rgb", resize=True)
+    assert rgb.dtype == np.uint8 and rgb.max() > 250  # scaled to bytes, not clipped at 255 of 65535
+    # Before: a 16-bit grey PNG's transparent level (tRNS) was read as ink
+    # without a word, while 8-bit images with transparency were refused.
+    PIL.Image.fromarray(levels).save(tmp_path / "train" / "deep.png", transparency=1234)
+    count = int(np.count_nonzero(levels == 1234))
+    for kind in ("grey", "rgb"):
+        with pytest.raises(ValueError, match=rf"deep\.png: {count} of its 784 pixels are transparent"):
+            datasets.read_image_folder(tmp_path, "train", kind, resize=True)
+
+
+def test_files_of_other_formats_under_an_image_name_are_refused(tmp_path):
+    # Before: Pillow opened a float TIFF named .png, and it was read as a
+    # black image (its levels in [0, 1] truncated by the conversion to grey).
+    write_images(tmp_path / "train", 2)
+    write_images(tmp_path / "test", 1)
+    levels = np.random.default_rng(0).random((28, 28)).astype(np.float32)
+    PIL.Image.fromarray(levels).save(tmp_path / "train" / "scan.png", format="TIFF")
+    with pytest.raises(ValueError, match=r"scan\.png: a TIFF file, not a PNG/JPEG image"):
+        datasets.read_image_folder(tmp_path, "train", "grey")
+    # A JPEG named .png (a PNG named .jpg likewise) is still read.
+    array = np.random.default_rng(1).integers(0, 256, (28, 28), dtype=np.uint8)
+    PIL.Image.fromarray(array).save(tmp_path / "train" / "scan.png", format="JPEG", quality=100)
+    images, _ = datasets.read_image_folder(tmp_path, "train", "grey")
+    expected = np.asarray(PIL.Image.open(tmp_path / "train" / "scan.png").convert("L"), np.float32) / 255
+    np.testing.assert_array_equal(images[2, ..., 0], expected)
+
+
+def test_images_of_other_formats_are_named_in_a_warning(tmp_path, caplog):
+    # Before: a folder of PNG and WebP files trained on the PNGs alone without a word.
+    write_images(tmp_path / "cat", 20)
+    write_images(tmp_path / "dog", 20, suffix=".webp")
+    write_images(tmp_path / "dog", 1, prefix="scan", suffix=".BMP")
+    (tmp_path / "notes.txt").write_text("not an image")
+    with caplog.at_level(logging.WARNING, logger="keras_avae.datasets"):
+        parts = [datasets.read_image_folder(tmp_path, split, "grey") for split in ("train", "test")]
+    assert sum(len(images) for images, _ in parts) == 20
+    assert "skipped 21 image file(s) of formats other than PNG/JPEG" in caplog.text
+    assert "dog/img_000.webp" in caplog.text and "and 16 more" in caplog.text and "notes.txt" not in caplog.text
+
+
 def test_file_names_that_are_not_utf8_are_read(tmp_path):
     # Before: the hash split encoded names as UTF-8 and raised UnicodeEncodeError.
     write_images(tmp_path, 20)

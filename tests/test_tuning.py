@@ -1,6 +1,8 @@
 """Tests of keras_avae.tuning: the search space reaches the model, builds are
 deterministic, and a tiny KerasTuner search minimises the validation NELBO."""
 
+import warnings
+
 import keras
 import keras_tuner
 import numpy as np
@@ -183,3 +185,44 @@ def test_random_search_minimises_validation_nelbo(tmp_path):
     model = tuner.get_best_models(1)[0]
     logs = model.evaluate(x[24:], batch_size=8, return_dict=True, verbose=0)
     assert logs["nelbo"] == pytest.approx(best.score, rel=0.2)
+
+
+def test_reloaded_trial_weights_restore_the_optimizer(tmp_path):
+    # KerasTuner's Hyperband (next round) and `get_best_models` rebuild with
+    # `build(hp)` and `load_weights` the trial's checkpoint. Before: the
+    # optimizer was unbuilt, its state skipped with a warning, and a resumed
+    # Hyperband trial restarted the learning-rate schedule at step 0.
+    hypermodel = VAEHyperModel("mnist-baseline-small", steps_per_epoch=4, epochs=2, search_space=SPACE, overrides=TINY)
+    hp = hyperparameters(num_layers=1, filters=4, learning_rate=0.004)
+    x = (np.random.default_rng(0).random((24, 8, 8, 1)) > 0.5).astype("float32")
+    trained = hypermodel.build(hp)
+    hypermodel.fit(hp, trained, x, epochs=2, batch_size=6, verbose=0)
+    trained.save_weights(tmp_path / "checkpoint.weights.h5")
+    reloaded = hypermodel.build(hp)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*Skipping variable loading")
+        reloaded.load_weights(tmp_path / "checkpoint.weights.h5")
+    assert int(keras.ops.convert_to_numpy(reloaded.optimizer.iterations)) == 8
+    for a, b in zip(trained.optimizer.variables, reloaded.optimizer.variables):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+
+
+def test_fit_refuses_epochs_and_steps_the_schedule_was_not_laid_out_for():
+    # Before: the schedule silently ended early or never decayed (e.g. the
+    # example's floor(len(x) / batch_size) steps where `fit` runs the ceiling).
+    hypermodel = VAEHyperModel("mnist-baseline-small", steps_per_epoch=3, epochs=2, search_space=SPACE, overrides=TINY)
+    hp = hyperparameters(num_layers=1, filters=4)
+    model = hypermodel.build(hp)
+    x = np.zeros((25, 8, 8, 1), "float32")
+    with pytest.raises(keras_tuner.errors.FatalValueError, match=r"runs 4 steps per epoch.*steps_per_epoch=3"):
+        hypermodel.fit(hp, model, x, epochs=2, batch_size=8)
+    with pytest.raises(ValueError, match=r"runs 2 steps per epoch.*Pass VAEHyperModel\(..., steps_per_epoch=2\)"):
+        hypermodel.fit(hp, model, x, epochs=2, batch_size=10, validation_split=0.2)  # 20 images train
+    for epochs, problem in ((3, "end early"), (1, "never decay")):
+        with pytest.raises(ValueError, match=rf"runs epochs={epochs} .* over 2 epochs .*{problem}"):
+            hypermodel.fit(hp, model, x, epochs=epochs, batch_size=9)
+    with pytest.raises(ValueError, match=r"runs epochs=1 "):  # Keras' default
+        hypermodel.fit(hp, model, x, batch_size=9)
+    # Hyperband's shorter trials (`tuner/epochs`) are part of its schedule.
+    hp.Fixed("tuner/epochs", 1)
+    hypermodel.fit(hp, model, x, epochs=1, batch_size=9, verbose=0)

@@ -14,10 +14,12 @@ subfolders), or a flat folder, or a folder of class subfolders; the last two
 are split by file (about 10% of the files go to `"test"`, chosen by a hash of
 their path, so the split is stable when files are added). Files are the
 `.png`, `.jpg` and `.jpeg` ones (any case), searched recursively; names
-starting with `.` (hidden files and folders) are skipped.
+starting with `.` (hidden files and folders) are skipped, and so are images
+of other formats (`.webp`, `.bmp`, `.tif`, ...), with a logged warning.
 """
 
 import hashlib
+import logging
 import os
 import pathlib
 
@@ -28,6 +30,10 @@ import PIL.ImageOps
 from keras_avae.datasets.common import _check_split
 
 _SUFFIXES = (".png", ".jpg", ".jpeg")
+# Images of other formats, which are not read: a warning names them.
+_OTHER_SUFFIXES = (".bmp", ".gif", ".webp", ".tif", ".tiff", ".heic", ".avif", ".jp2", ".pgm", ".ppm", ".pbm")
+# What Pillow calls the formats read (MPO: a camera's JPEG with extra frames).
+_FORMATS = ("PNG", "JPEG", "MPO")
 # kind -> (width, height, channels) of the reader it stands in for.
 _KINDS = {"grey": (28, 28, 1), "rgb": (32, 32, 3)}
 # The share of the files the hash split sends to "test".
@@ -37,9 +43,11 @@ _SPLIT_NAMES = {"train": "train", "training": "train", "test": "test", "testing"
 # Modes Pillow gives 16-bit grey images (`convert` would clip them to 255).
 _SIXTEEN_BIT = ("I", "I;16", "I;16B", "I;16L", "I;16N")
 
+logger = logging.getLogger("keras_avae.datasets")
 
-def _walk_image_files(folder):
-    """Yields the relative POSIX paths of the image files under `folder`, hidden names skipped.
+
+def _walk_image_files(folder, suffixes=_SUFFIXES):
+    """Yields the relative POSIX paths of the files under `folder` named `*suffixes`, hidden names skipped.
 
     Symlinked folders are followed (class folders are often links); a link
     to a folder the walk is already inside (a cycle) is not.
@@ -56,7 +64,7 @@ def _walk_image_files(folder):
             else:
                 chains[os.path.join(directory, d)] = chain | {real}
         rel = pathlib.PurePosixPath(pathlib.Path(directory).relative_to(folder).as_posix())
-        yield from (rel / f for f in files if not f.startswith(".") and f.lower().endswith(_SUFFIXES))
+        yield from (rel / f for f in files if not f.startswith(".") and f.lower().endswith(suffixes))
 
 
 def _image_files(folder):
@@ -163,12 +171,17 @@ def _check_opaque(image, file):
     Ink drawn in the alpha channel (a common way to save glyphs) over black
     pixels would load as a blank image, so no background is guessed.
     """
-    if image.mode in _SIXTEEN_BIT or not (image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info):
+    if not (image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info):
         return
-    alpha = np.asarray(image.convert("RGBA").getchannel("A"))
-    if alpha.min() < 255:
+    if image.mode in _SIXTEEN_BIT:
+        # A 16-bit grey PNG's transparency is one grey level (its tRNS
+        # chunk); `convert("RGBA")` would first clip the levels to 255.
+        transparent = np.asarray(image) == image.info["transparency"]
+    else:
+        transparent = np.asarray(image.convert("RGBA").getchannel("A")) < 255
+    if transparent.any():
         raise ValueError(
-            f"{file}: {np.count_nonzero(alpha < 255)} of its {alpha.size} pixels are transparent, and the "
+            f"{file}: {np.count_nonzero(transparent)} of its {transparent.size} pixels are transparent, and the "
             f"image's pixels without the alpha channel may not be what it shows. Flatten it onto the "
             f"background you want first, e.g. `PIL.Image.alpha_composite(PIL.Image.new('RGBA', image.size, "
             f"'white'), image.convert('RGBA')).convert('RGB')`."
@@ -180,10 +193,15 @@ def _read_image(file, kind, resize):
     width, height, _ = _KINDS[kind]
     try:
         with PIL.Image.open(file) as image:
+            found = image.format
             image = PIL.ImageOps.exif_transpose(image)  # Camera JPEGs: as they are shown.
             image.load()
     except Exception as e:
         raise ValueError(f"{file}: not a readable PNG/JPEG image ({type(e).__name__}: {e}).") from e
+    if found not in _FORMATS:
+        # Pillow opens any format whatever the name says; others (float or
+        # 32-bit TIFFs) would not convert to grey levels and bytes as below.
+        raise ValueError(f"{file}: a {found} file, not a PNG/JPEG image. Convert it to PNG.")
     _check_opaque(image, file)
     if image.size != (width, height) and not resize:
         raise ValueError(
@@ -256,7 +274,8 @@ def read_image_folder(path, split, kind, resize=False):
 
     Raises:
         FileNotFoundError: `path` is not a directory.
-        ValueError: a file that is not a readable image, an image of another
+        ValueError: a file that is not a readable PNG/JPEG image (whatever its
+            name), an image with transparent pixels, an image of another
             size (without `resize`), or a split without images; the message
             names the file or folder.
 
@@ -275,6 +294,14 @@ def read_image_folder(path, split, kind, resize=False):
     if not root.is_dir():
         raise FileNotFoundError(f"`path` is not a directory. Received: path={str(path)!r}")
     folder, files, classes = _split_files(root, split)
+    # A folder of PNG and WebP files would otherwise train on the PNGs alone without a word.
+    skipped = sorted(_walk_image_files(folder, _OTHER_SUFFIXES), key=lambda p: p.parts)
+    if skipped:
+        shown = ", ".join(str(f) for f in skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+        logger.warning(
+            "%s: skipped %d image file(s) of formats other than PNG/JPEG, which are not read: %s. Convert "
+            "them to PNG to use them.", folder, len(skipped), shown
+        )
     images = np.stack([_read_image(folder / f, kind, resize) for f in files])
     index = {name: i for i, name in enumerate(classes)}
     labels = np.array([index[_class_of(f)] for f in files], dtype=np.int64)
