@@ -46,6 +46,11 @@ class ELBOModel(PresetMixin, keras.Model):
     (True, 784)
     """
 
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # Before any variable exists: JAX would already have truncated it.
+        _check_float64_is_available(self.dtype_policy)
+
     def _build_elbo_state(self, num_kl_terms):
         self.kl_weight = self.add_weight(
             name="kl_weight", shape=(), initializer="ones", trainable=False, dtype="float32"
@@ -426,3 +431,22 @@ def _torch_sum_of_squares():
             return tuple(torch._foreach_mul(ctx.saved_tensors, 2.0 * grad))
 
     return SumOfSquares.apply
+
+
+def _check_float64_is_available(policy):
+    """Raises if the model asks for float64 on JAX without its 64-bit mode.
+
+    JAX then truncates every float64 array to float32 with a warning, while
+    the model's variables still report float64: a float64 model in name only.
+    """
+    if keras.backend.backend() != "jax" or "float64" not in (policy.compute_dtype, policy.variable_dtype):
+        return
+    import jax
+
+    if not jax.config.jax_enable_x64:
+        raise ValueError(
+            "`dtype` float64 needs JAX's 64-bit mode, which is off: JAX would compute in float32. Set "
+            "`JAX_ENABLE_X64=1` (or `jax.config.update('jax_enable_x64', True)`) before creating the model, or "
+            f"use float32. Received: dtype={policy.name!r}"
+        )
+

@@ -290,3 +290,27 @@ def test_logged_nelbo_is_unweighted_and_bits_per_dim_is_in_base_2():
     dims = 8 * 8 * 1
     assert model.num_data_dims == dims
     np.testing.assert_allclose(logs["bits_per_dim"], logs["nelbo"] / (dims * np.log(2.0)), rtol=1e-5)
+
+
+def _jax_x64_enabled():
+    import jax
+
+    return jax.config.jax_enable_x64
+
+
+@pytest.mark.parametrize("model_class", ["HierarchicalVAE", "DiscreteVAE"])
+def test_float64_is_refused_only_where_jax_would_compute_in_float32(model_class):
+    # Before, JAX truncated every array to float32 with a warning while the
+    # variables still reported float64.
+    from keras_avae.models.discrete_vae import DiscreteVAE
+
+    make = {
+        "HierarchicalVAE": lambda: HierarchicalVAE(**dict(TINY, dtype="float64")),
+        "DiscreteVAE": lambda: DiscreteVAE(image_shape=(8, 8, 1), filters=4, hidden_units=8, dtype="float64"),
+    }[model_class]
+    if BACKEND == "jax" and not _jax_x64_enabled():
+        with pytest.raises(ValueError, match=r"`dtype` float64 needs JAX's 64-bit mode.*Received: dtype='float64'"):
+            make()
+    else:
+        model = make()
+        assert model.compute_dtype == "float64" and model.variable_dtype == "float64"
