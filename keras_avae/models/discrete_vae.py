@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from keras_avae import inference_passes
 from keras_avae._validation import check_bool
 from keras_avae._validation import check_crop
 from keras_avae._validation import check_finite_number
@@ -224,7 +225,8 @@ class DiscreteVAE(ELBOModel):
             inference methods (`log_likelihood`, `sample`, `reconstruct`,
             `encode`) all return NumPy arrays, as `keras.Model.predict` does.
         """
-        probabilities = to_numpy(ops.exp(self.bottom_up(self._check_images(x), training=False)))
+        x = self._check_images(x)
+        probabilities = to_numpy(inference_passes.inference_pass(self, "encode", self._encode_pass)(x))
         return check_finite_outputs(probabilities, "images' posteriors")
 
     def reconstruct(self, x):
@@ -236,8 +238,9 @@ class DiscreteVAE(ELBOModel):
         Returns:
             NumPy float32 array with the shape of `x`.
         """
-        z = self._hard_sample(self.bottom_up(self._check_images(x), training=False))
-        return check_finite_outputs(to_numpy(ops.sigmoid(ops.cast(self.decode(z), "float32"))), "reconstructions")
+        x = self._check_images(x)
+        images = to_numpy(inference_passes.inference_pass(self, "reconstruct", self._reconstruct_pass)(x))
+        return check_finite_outputs(images, "reconstructions")
 
     def sample(self, num_samples):
         """Bernoulli means of p(x|z) for z drawn from the uniform prior.
@@ -249,9 +252,22 @@ class DiscreteVAE(ELBOModel):
             NumPy float32 array `(num_samples, H, W, C)`.
         """
         num_samples = check_positive_int(num_samples, "num_samples")
-        uniform = ops.zeros((num_samples, self.num_latents, self.num_categories), "float32")
-        images = to_numpy(ops.sigmoid(ops.cast(self.decode(self._hard_sample(uniform)), "float32")))
+        images = to_numpy(inference_passes.inference_pass(self, "sample", self._sample_pass, (0,))(num_samples))
         return check_finite_outputs(images, "samples")
+
+    # === The passes (compiled once per shape on JAX; see `inference_passes`) ===
+    def _encode_pass(self, x):
+        return ops.exp(self.bottom_up(x, training=False))
+
+    def _reconstruct_pass(self, x):
+        return self._bernoulli_means(self._hard_sample(self.bottom_up(x, training=False)))
+
+    def _sample_pass(self, num_samples):
+        uniform = ops.zeros((num_samples, self.num_latents, self.num_categories), "float32")
+        return self._bernoulli_means(self._hard_sample(uniform))
+
+    def _bernoulli_means(self, z):
+        return ops.sigmoid(ops.cast(self.decode(z, training=False), "float32"))
 
     def get_config(self):
         config = super().get_config()

@@ -138,6 +138,26 @@ class TestDiscreteVAE(TestCase):
         with pytest.raises(ValueError, match="num_categories"):
             DiscreteVAE(**dict(TINY, num_categories=1))
 
+    def test_inference_methods_are_compiled_passes_that_draw_what_eager_calls_draw(self):
+        # Before, they ran eagerly: on JAX each primitive compiled on first
+        # use, on PyTorch every call recorded an autograd graph.
+        model = DiscreteVAE(**TINY)
+        model.build()
+        x = shapes_batch(4)
+        decoded = []
+        decode = model.decode
+        model.decode = lambda z, training=None: decoded.append(1) or decode(z, training=training)
+        state = to_numpy(model.seed_generator.state).copy()
+        passes = [model.reconstruct(x), model.reconstruct(x), model.sample(3), model.sample(3)]
+        # Compiled on JAX: traced once per shape; run on every call elsewhere.
+        assert len(decoded) == (2 if keras.backend.backend() == "jax" else 4)
+        model.seed_generator.state.assign(state)
+        eager = [model._reconstruct_pass(x), model._reconstruct_pass(x), model._sample_pass(3), model._sample_pass(3)]
+        for got, expected in zip(passes, eager):
+            np.testing.assert_allclose(got, to_numpy(expected), atol=1e-6)
+        assert not np.allclose(passes[2], passes[3])  # the seed state advanced between calls
+        np.testing.assert_allclose(model.encode(x), np.exp(to_numpy(model.bottom_up(x))), rtol=1e-6)
+
     def test_save_and_load_round_trip(self, tmp_path):
         model = DiscreteVAE(**TINY)
         model.build()
