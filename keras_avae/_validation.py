@@ -218,12 +218,13 @@ def check_crop(crop, image_shape):
 
     Example:
 
+    >>> check_crop(np.int64(2), (28, 28, 1))
     >>> check_crop(14, (28, 28, 1))
     Traceback (most recent call last):
     ...
     ValueError: `crop` must be a non-negative int smaller than half the image. Received: crop=14
     """
-    if not is_int(crop) or crop < 0 or 2 * crop >= min(image_shape[:2]):
+    if not is_integer(crop) or crop < 0 or 2 * crop >= min(image_shape[:2]):
         raise ValueError(f"`crop` must be a non-negative int smaller than half the image. Received: crop={crop!r}")
 
 

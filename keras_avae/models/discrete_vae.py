@@ -88,14 +88,11 @@ class DiscreteVAE(ELBOModel):
         super().__init__(**kwargs)
         check_image_shape(image_shape)
         image_shape = tuple(int(s) for s in image_shape)
-        for name, value in (
-            ("num_latents", num_latents),
-            ("num_categories", num_categories),
-            ("filters", filters),
-            ("hidden_units", hidden_units),
-        ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
+        # NumPy ints as Python ints: the config is JSON.
+        num_latents = check_positive_int(num_latents, "num_latents")
+        num_categories = check_positive_int(num_categories, "num_categories")
+        filters = check_positive_int(filters, "filters")
+        hidden_units = check_positive_int(hidden_units, "hidden_units")
         if num_categories < 2:
             raise ValueError(f"`num_categories` must be at least 2. Received: num_categories={num_categories}")
         if image_shape[0] % 4 or image_shape[1] % 4:
@@ -103,6 +100,7 @@ class DiscreteVAE(ELBOModel):
         check_temperature(temperature)
         check_bool(straight_through, "straight_through")
         check_crop(crop, image_shape)  # half the image or more left no pixel to score (the likelihood was 0)
+        crop = int(crop)
         check_finite_number(l2, "l2", lambda v: v >= 0, ">= 0")
         seed = check_layer_seed(seed)
         # === Config ===

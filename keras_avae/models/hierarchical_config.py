@@ -6,6 +6,7 @@ from keras_avae._validation import check_finite_number
 from keras_avae._validation import check_image_shape
 from keras_avae._validation import check_layer_seed
 from keras_avae._validation import is_finite_real
+from keras_avae._validation import is_integer
 
 NONLOCAL_PLACES = ("preprocess", "encoder", "decoder", "merge", "postprocess")
 LIKELIHOODS = ("logistic_mixture", "bernoulli")
@@ -69,7 +70,7 @@ def validate_config(args):
     """
     def positive_int(name):
         value = args[name]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        if not is_integer(value) or value < 1:
             raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
 
     image_shape = args["image_shape"]
@@ -84,12 +85,13 @@ def validate_config(args):
         "generative_attention_dim",
         "inference_attention_dim",
         "nonlocal_key_dim",
+        "nonlocal_num_random_features",
         "num_mixtures",
     ):
         positive_int(name)
     for name in ("preprocess_cells", "postprocess_cells"):
         value = args[name]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if not is_integer(value) or value < 0:
             raise ValueError(f"`{name}` must be a non-negative int. Received: {name}={value!r}")
     for name in BOOLEAN_KEYS:
         check_bool(args[name], name)

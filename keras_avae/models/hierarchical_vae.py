@@ -173,6 +173,16 @@ class HierarchicalVAE(HierarchicalLayers, HierarchicalInference, ELBOModel):
         nonlocal_blocks = tuple(nonlocal_blocks or ())
         validate_config(locals())
         image_shape = tuple(int(s) for s in image_shape)  # JSON lists and NumPy ints alike
+        # NumPy ints (a sweep over `np.arange`) as Python ints: the config is JSON, and the layers take ints.
+        num_layers, latent_channels, num_scales, preprocess_filters, decoder_filters = map(
+            int, (num_layers, latent_channels, num_scales, preprocess_filters, decoder_filters)
+        )
+        preprocess_cells, postprocess_cells, cells_per_layer, num_mixtures, crop = map(
+            int, (preprocess_cells, postprocess_cells, cells_per_layer, num_mixtures, crop)
+        )
+        generative_attention_dim, inference_attention_dim, nonlocal_key_dim, nonlocal_num_random_features = map(
+            int, (generative_attention_dim, inference_attention_dim, nonlocal_key_dim, nonlocal_num_random_features)
+        )
         # === Config ===
         self.image_shape = image_shape
         self.num_layers = num_layers

@@ -44,6 +44,15 @@ def test_bad_constructor_values_name_their_argument(name, value, message):
         DiscreteVAE(**dict(TINY, **{name: value}))
 
 
+def test_numpy_ints_make_the_model_python_ints_make():
+    sizes = ("num_latents", "num_categories", "filters", "hidden_units", "crop")
+    config = dict(TINY, crop=1)
+    model = DiscreteVAE(**dict(config, **{name: np.int64(config[name]) for name in sizes}))
+    stored = model.get_config()
+    assert all(type(stored[name]) is int for name in sizes)
+    assert stored == dict(DiscreteVAE(**config).get_config(), name=stored["name"])
+
+
 class TestDiscreteVAE(TestCase):
     def test_non_finite_weights_raise_instead_of_drawing_nan(self):
         # Before: NaN images came back (`keras-avae sample` drew them black).

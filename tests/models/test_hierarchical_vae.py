@@ -1,6 +1,8 @@
 """The hierarchical attentive VAE: ELBO bookkeeping, attention gates,
 training, importance sampling and saving, on tiny configs."""
 
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -283,6 +285,23 @@ class TestHierarchicalVAE(TestCase):
     def test_config_takes_numpy_ints_for_the_image_shape(self):
         model = HierarchicalVAE(**dict(TINY, image_shape=np.array([8, 8, 1])))
         assert model.image_shape == (8, 8, 1) and all(type(s) is int for s in model.image_shape)
+
+    def test_numpy_ints_make_the_model_python_ints_make(self):
+        # A sweep over `np.arange` gave NumPy ints, refused before as "must be a positive int".
+        sizes = ("num_layers", "latent_channels", "preprocess_filters", "cells_per_layer", "crop")
+        sizes += ("preprocess_cells", "nonlocal_key_dim", "nonlocal_num_random_features")
+        config = dict(TINY, crop=1, nonlocal_num_random_features=8, nonlocal_attention="performer")
+        model = HierarchicalVAE(**dict(config, **{name: np.int64(config[name]) for name in sizes}))
+        reference = HierarchicalVAE(**config)
+        stored = model.get_config()
+        assert all(type(stored[name]) is int for name in sizes)
+        assert json.loads(json.dumps(stored)) == json.loads(json.dumps(dict(reference.get_config(), name=stored["name"])))
+        x = shapes_batch(2)
+        expected = run(reference, x)
+        model.build()
+        model.set_weights(reference.get_weights())
+        for key, value in run(model, x).items():
+            np.testing.assert_allclose(value, expected[key], rtol=1e-6)
 
     def test_save_and_load_round_trip(self, tmp_path):
         model = HierarchicalVAE(**TINY)
