@@ -295,6 +295,8 @@ def test_sample_with_readjusted_batch_norm(frozen):
         reset_seed(model)
         inside = model.sample(4, temperature=0.6)
     np.testing.assert_allclose(inside, readjusted, atol=1e-6)
+    reset_seed(model)  # a NumPy bool (refused before) is the bool
+    np.testing.assert_allclose(model.sample(4, 0.6, readjust_batch_norm=np.True_, readjust_steps=2), readjusted, atol=1e-6)
     with pytest.raises(ValueError, match="readjust_batch_norm=1"):
         model.sample(2, readjust_batch_norm=1)
     with pytest.raises(ValueError, match="readjust_steps=0"):

@@ -117,6 +117,8 @@ class HierarchicalInference:
         temperature = check_temperature(temperature)
         if mode not in ("mean", "sample"):
             raise ValueError(f"`mode` must be 'mean' or 'sample'. Received: mode={mode!r}")
+        # A NumPy bool from an array of settings too, as `encode(sample=...)` takes it.
+        readjust_batch_norm = bool(readjust_batch_norm) if isinstance(readjust_batch_norm, np.bool_) else readjust_batch_norm
         check_bool(readjust_batch_norm, "readjust_batch_norm")
         if readjust_batch_norm:
             readjust_steps = check_positive_int(readjust_steps, "readjust_steps")
