@@ -677,17 +677,19 @@ def test_train_applies_the_recipe_augmentation_and_set_epochs(tmp_path, capsys, 
 
     from keras_avae import datasets
     from keras_avae import training
+    from keras_avae.datasets import pipeline
 
     make_cifar_folder(tmp_path / "cifar", n=4)
     calls = {}
-    real_make_dataset = datasets.make_dataset
+    real_dataset_from_arrays = pipeline._dataset_from_arrays
 
-    def make_dataset(*args, **kwargs):
-        calls["dataset"] = real_make_dataset(*args, **kwargs)
+    # `make_dataset` on the split the command has read (once).
+    def dataset_from_arrays(*args, **kwargs):
+        calls["dataset"] = real_dataset_from_arrays(*args, **kwargs)
         calls["random_flip"] = kwargs.get("random_flip")
         return calls["dataset"]
 
-    monkeypatch.setattr(datasets, "make_dataset", make_dataset)
+    monkeypatch.setattr(pipeline, "_dataset_from_arrays", dataset_from_arrays)
     monkeypatch.setattr(training, "train", lambda name, stream, *args, **kwargs: calls.update(train=kwargs, stream=stream))
     argv = ["train", "cifar10-baseline-small", "--data-dir", str(tmp_path / "cifar"), "--output", str(tmp_path / "r")]
     argv += ["--batch-size", "4", "--set", "epochs=3", "--verbose", "0"]

@@ -245,6 +245,26 @@ def test_files_of_other_formats_under_an_image_name_are_refused(tmp_path):
     np.testing.assert_array_equal(images[2, ..., 0], expected)
 
 
+def test_animated_pngs_are_refused_naming_the_file_and_its_frames(tmp_path):
+    # Before: a 2-frame APNG was read as its first frame without a word.
+    write_images(tmp_path / "train", 2)
+    write_images(tmp_path / "test", 1)
+    frames = [PIL.Image.fromarray(np.full((28, 28), level, np.uint8)) for level in (10, 200)]
+    frames[0].save(tmp_path / "train" / "blink.png", save_all=True, append_images=frames[1:])
+    assert PIL.Image.open(tmp_path / "train" / "blink.png").n_frames == 2
+    for kind in ("grey", "rgb"):
+        with pytest.raises(ValueError, match=r"blink\.png: an animated PNG image of 2 frames, and only its first "
+                           r"frame would be read\. Save the frames"):
+            datasets.read_image_folder(tmp_path, "train", kind, resize=True)
+    # A one-frame APNG is a still image, and a camera's MPO JPEG its first image (the photo).
+    frames[1].save(tmp_path / "train" / "blink.png", save_all=True)
+    frames[0].save(tmp_path / "train" / "photo.jpg", format="MPO", save_all=True, append_images=frames[1:])
+    assert PIL.Image.open(tmp_path / "train" / "photo.jpg").n_frames == 2
+    images, _ = datasets.read_image_folder(tmp_path, "train", "grey")
+    np.testing.assert_array_equal(images[0, ..., 0], np.full((28, 28), 200 / 255, np.float32))
+    np.testing.assert_allclose(images[3, ..., 0], 10 / 255, atol=2 / 255)  # JPEG: lossy
+
+
 def test_images_of_other_formats_are_named_in_a_warning(tmp_path, caplog):
     # Before: a folder of PNG and WebP files trained on the PNGs alone without a word.
     write_images(tmp_path / "cat", 20)
@@ -426,4 +446,35 @@ def test_train_and_evaluate_on_an_image_folder(tmp_path, capsys):
     write_images(data, 60)
     status, _, err = run_main(more, capsys)
     assert status == 0, err
+    assert json.loads((out / "run.json").read_text())["epochs"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND == "torch", reason="zoo models are supported on TensorFlow and JAX")
+def test_train_decodes_each_image_once_also_when_resumed(tmp_path, capsys, monkeypatch):
+    # Before: a run decoded every file twice (the images counted and hashed,
+    # then the dataset), a resumed run three times (the stream's start and
+    # the batch it resumes at).
+    from keras_avae.datasets import image_folder
+
+    data = tmp_path / "digits"
+    write_images(data, 20)
+    decoded = []
+    read_image = image_folder._read_image
+
+    def counting_read_image(file, *args, **kwargs):
+        decoded.append(file)
+        return read_image(file, *args, **kwargs)
+
+    monkeypatch.setattr(image_folder, "_read_image", counting_read_image)
+    train_files = len(datasets.read_image_folder(data, "train", "grey")[0])
+    out = tmp_path / "run"
+    train = ["train", "mnist-baseline-small", "--data-dir", str(data), "--output", str(out), "--epochs", "1"]
+    train += ["--steps-per-epoch", "2", "--batch-size", "4", "--verbose", "0"]
+    train += sets(TINY_SETS + ["warmup_epochs=1", "kl_warmup_epochs=1"])
+    for epochs in ("1", "2"):  # a new run, then a resumed one
+        decoded.clear()
+        status, _, err = run_main([arg if arg != "1" else epochs for arg in train], capsys)
+        assert status == 0, err
+        assert len(decoded) == len(set(decoded)) == train_files, f"{len(decoded)} decodes of {train_files} files"
     assert json.loads((out / "run.json").read_text())["epochs"] == 2

@@ -29,6 +29,7 @@ def _cmd_train(args):
         process_id=args.process_id,
     )
     from keras_avae import datasets, zoo
+    from keras_avae.datasets.pipeline import _dataset_from_arrays
 
     config_overrides, recipe_overrides = training.split_overrides(args.name, _parse_sets(args.set))
     config_overrides.setdefault("seed", args.seed)
@@ -37,7 +38,9 @@ def _cmd_train(args):
     replicas = training.num_replicas(strategy)
     global_batch = (args.batch_size or recipe["batch_size_per_replica"]) * replicas
     data = zoo.describe(args.name)["dataset"]
-    images = datasets.load(data, args.data_dir, "train", resize_images=args.resize_images)[0]
+    # Read (an image folder: decoded) once: every dataset of the run is
+    # built from these arrays, which are also the ones counted and hashed.
+    images, labels = datasets.load(data, args.data_dir, "train", resize_images=args.resize_images)
     examples = len(images)
     data_info = {"dataset": data, "limit": args.limit, "seed": args.seed}
     # The training images themselves: a resume on other images (files added
@@ -58,10 +61,11 @@ def _cmd_train(args):
     def train_data(start_batch):
         # One endless stream over the epochs, made from --seed: a resumed
         # run continues it at the batch where it stopped.
-        return datasets.make_dataset(
+        return _dataset_from_arrays(
             data,
             "train",
-            args.data_dir,
+            images,
+            labels,
             global_batch,
             seed=args.seed,
             limit=args.limit,
@@ -71,7 +75,6 @@ def _cmd_train(args):
             repeat=True,
             start_batch=start_batch,
             random_flip=random_flip,
-            resize_images=args.resize_images,
         )
 
     backup = training.AtomicBackupAndRestore(f"{args.output}/backup")

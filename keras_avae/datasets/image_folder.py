@@ -194,6 +194,7 @@ def _read_image(file, kind, resize):
     try:
         with PIL.Image.open(file) as image:
             found = image.format
+            frames = getattr(image, "n_frames", 1)  # Before `exif_transpose`, whose copy has one frame.
             image = PIL.ImageOps.exif_transpose(image)  # Camera JPEGs: as they are shown.
             image.load()
     except Exception as e:
@@ -202,6 +203,14 @@ def _read_image(file, kind, resize):
         # Pillow opens any format whatever the name says; others (float or
         # 32-bit TIFFs) would not convert to grey levels and bytes as below.
         raise ValueError(f"{file}: a {found} file, not a PNG/JPEG image. Convert it to PNG.")
+    # An animated PNG would be read as its first frame alone. An MPO's
+    # first image is the photo itself (its others: a preview, a second view).
+    if frames > 1 and found != "MPO":
+        raise ValueError(
+            f"{file}: an animated {found} image of {frames} frames, and only its first frame would be read. "
+            f"Save the frames you want as still PNG files first (`PIL.ImageSequence.Iterator(image)` "
+            f"yields them)."
+        )
     _check_opaque(image, file)
     if image.size != (width, height) and not resize:
         raise ValueError(
@@ -249,7 +258,9 @@ def read_image_folder(path, split, kind, resize=False):
     names starting with `.` are skipped, and a file reached twice (through a
     symbolic link) is refused. JPEG EXIF rotations are applied; an image
     with transparent pixels is refused (flatten it onto a background
-    first), a fully opaque alpha channel is dropped. Grey levels are the brightness (`convert("L")`,
+    first), a fully opaque alpha channel is dropped; an animated PNG
+    (several frames) is refused, while a camera's MPO JPEG is read as its
+    first image, the photo itself. Grey levels are the brightness (`convert("L")`,
     16-bit images scaled by 65535): bright = 1, as MNIST's white strokes on
     black, so invert black-on-white scans first (e.g.
     `PIL.ImageOps.invert`). Images must have the target size (28x28 grey,
@@ -275,9 +286,9 @@ def read_image_folder(path, split, kind, resize=False):
     Raises:
         FileNotFoundError: `path` is not a directory.
         ValueError: a file that is not a readable PNG/JPEG image (whatever its
-            name), an image with transparent pixels, an image of another
-            size (without `resize`), or a split without images; the message
-            names the file or folder.
+            name), an animated PNG, an image with transparent pixels, an
+            image of another size (without `resize`), or a split without
+            images; the message names the file or folder.
 
     Example:
 

@@ -166,6 +166,57 @@ def make_dataset(
     ...     seed=1)                                              # doctest: +SKIP
     >>> model.fit(train, epochs=10)                              # doctest: +SKIP
     """
+    settings = dict(
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        repeat=repeat,
+        drop_remainder=drop_remainder,
+        binarize=binarize,
+        random_flip=random_flip,
+        limit=limit,
+        with_labels=with_labels,
+        shuffle_buffer_size=shuffle_buffer_size,
+        strategy=strategy,
+        input_context=input_context,
+        every=every,
+        start_batch=start_batch,
+    )
+    # Checked before the read: a large image folder takes a while to decode.
+    _check_arguments(name, split, data_dir=data_dir, resize_images=resize_images, **settings)
+    images, labels = load(name, data_dir, split, resize_images=resize_images)
+    return _dataset_from_arrays(name, split, images, labels, **settings)
+
+
+def _dataset_from_arrays(
+    name,
+    split,
+    images,
+    labels,
+    batch_size=32,
+    *,
+    shuffle=None,
+    seed=None,
+    repeat=False,
+    drop_remainder=None,
+    binarize="auto",
+    random_flip=False,
+    limit=None,
+    with_labels=False,
+    shuffle_buffer_size=None,
+    strategy=None,
+    input_context=None,
+    every=None,
+    start_batch=None,
+):
+    """`make_dataset` on a split that `load` has already read: `(images, labels)`.
+
+    The arguments are `make_dataset`'s but `data_dir` and `resize_images`,
+    which only the read takes. `keras-avae train` reads its split once (to
+    count and hash the images) and builds every dataset of the run from
+    those arrays: a run builds one, a resumed run two or three, and a
+    folder of images would otherwise be decoded each time.
+    """
     _check_arguments(
         name,
         split,
@@ -177,14 +228,12 @@ def make_dataset(
         shuffle_buffer_size=shuffle_buffer_size,
         strategy=strategy,
         input_context=input_context,
-        resize_images=resize_images,
         every=every,
         start_batch=start_batch,
         repeat=repeat,
         shuffle=shuffle,
         drop_remainder=drop_remainder,
         with_labels=with_labels,
-        data_dir=data_dir,
     )
     if strategy is not None and seed is None:
         seed = 0  # Every worker must shuffle, binarise and flip alike.
@@ -192,7 +241,6 @@ def make_dataset(
     drop_remainder = split == "train" if drop_remainder is None else bool(drop_remainder)
     binarize = _resolve_binarize(name, split, binarize)
 
-    images, labels = load(name, data_dir, split, resize_images=resize_images)
     grey_scale = _grey_scale(name, images)
     if binarize == "static":
         # Drawn row by row over the whole split, so that a subset (`every`,
