@@ -21,6 +21,7 @@ Example:
 """
 
 import copy
+import json
 import math
 import numbers
 
@@ -51,6 +52,9 @@ _SETS = {key: (key,) for key in DEFAULT_SEARCH_SPACE}
 _SETS["filters"] = ("filters", "preprocess_filters", "decoder_filters")
 # Where non-local blocks go when the switch turns them on (the paper's places).
 _NONLOCAL_PLACES = ["merge", "postprocess"]
+# A fixed hyperparameter recording the `entry` and `overrides` a search was
+# started with; the oracle keeps it, beside the search space, in oracle.json.
+_FIXED_CONFIG = "keras_avae/fixed_config"
 
 
 class VAEHyperModel(keras_tuner.HyperModel):
@@ -181,7 +185,16 @@ class VAEHyperModel(keras_tuner.HyperModel):
         return training.resolve_recipe(self.entry, **overrides)
 
     def build(self, hp):
-        """A compiled, built model for `hp` (deterministic given `hp` and `seed`)."""
+        """A compiled, built model for `hp` (deterministic given `hp` and `seed`).
+
+        Raises `keras_tuner.errors.FatalValueError` (which stops the search)
+        when `hp` comes from a search started with another search space,
+        `entry` or `overrides`: a tuner resumed from its `directory` and
+        `project_name` goes on with the space its oracle recorded, so its new
+        trials would draw values from the old space (KerasTuner does not
+        compare them).
+        """
+        self._record_search(hp)
         # Initialisers without their own seed draw from Keras' global
         # generator: reseed it so every trial of one `hp` starts alike.
         keras.utils.set_random_seed(self.seed)
@@ -197,6 +210,51 @@ class VAEHyperModel(keras_tuner.HyperModel):
         # state was skipped with a warning and the schedule restarted at step 0.
         model.optimizer.build(model.trainable_variables)
         return model
+
+    def _fixed_config(self):
+        """What the search space leaves fixed (`entry`, `overrides`), as canonical JSON."""
+        return json.dumps({"entry": self.entry, "overrides": self.overrides}, sort_keys=True, default=_plain)
+
+    def _record_search(self, hp):
+        """Refuses `hp` from a search started with another space, `entry` or `overrides`; records them otherwise.
+
+        A tuner's hyperparameters carry its search space and, from its first
+        `build` (on the empty space), `_FIXED_CONFIG`. Hand-made ones that
+        disagree with the search space (e.g. `Fixed` values) get no record.
+        """
+        recorded = {p.name: p for p in hp.space}
+        declared = keras_tuner.HyperParameters()
+        self._config(declared)
+        self._recipe(declared)
+        declared = {p.name: p for p in declared.space}
+        # A search's record holds every key it searched; a hand-made `hp` may hold only some.
+        keys = [key for key in DEFAULT_SEARCH_SPACE if _FIXED_CONFIG in recorded or key in recorded]
+        differences = [
+            f"search_space[{key!r}] was {_as_searched(recorded.get(key))!r}, now {_as_searched(declared.get(key))!r}"
+            for key in keys
+            if _definition(recorded.get(key)) != _definition(declared.get(key))
+        ]
+        fixed_config = self._fixed_config()
+        if _FIXED_CONFIG not in recorded:
+            # Record the search from here on where `hp` agrees with this
+            # hypermodel (the tuner's first, empty space, or a project started
+            # before the record existed); hand-made `Fixed` values do not.
+            if not differences:
+                hp.Fixed(_FIXED_CONFIG, fixed_config)
+                hp.values[_FIXED_CONFIG] = fixed_config  # not a value copied from another search's
+            return
+        differences += _fixed_config_differences(recorded[_FIXED_CONFIG].value, fixed_config)
+        if differences:
+            raise keras_tuner.errors.FatalValueError(
+                "These hyperparameters come from a search started with another search space or fixed config: "
+                "a tuner resumed from its `directory` and `project_name` keeps the space that search recorded, "
+                "so its new trials would draw values from the old space and mix two searches in one project. "
+                f"Differences: {'; '.join(differences)}. Start a new search with another `project_name` (or "
+                "`overwrite=True`, which deletes this project's trials), or resume this one with the arguments "
+                "it was started with. To build a configuration that search found with this hypermodel, pass its "
+                "values alone: `hp = keras_tuner.HyperParameters(); hp.values = dict(best.values)`. "
+                f"Received: entry={self.entry!r}, search_space={self.search_space!r}, overrides={self.overrides!r}"
+            )
 
     def fit(self, hp, model, *args, callbacks=None, **kwargs):
         """`model.fit` with the recipe's per-epoch KL warm-up added.
@@ -247,6 +305,54 @@ def _steps_per_epoch(x, kwargs):
         batches = int(x.cardinality())
         return batches if batches >= 0 else None
     return None
+
+
+def _definition(hp):
+    """A recorded hyperparameter's type and config, comparable across a save and reload."""
+    return None if hp is None else (type(hp).__name__, hp.get_config())
+
+
+def _as_searched(hp):
+    """The `search_space` value `VAEHyperModel` declares `hp` for (None: not searched)."""
+    if hp is None:
+        return None
+    config = hp.get_config()
+    if "values" in config:  # Choice
+        return list(config["values"])
+    if "value" in config:  # Fixed: a switch fixed to one value
+        return [config["value"]]
+    if "min_value" in config:  # Float, the learning rate's range
+        return (config["min_value"], config["max_value"])
+    return [False, True]  # Boolean: a searched switch
+
+
+def _fixed_config_differences(recorded, current):
+    """`entry` and `overrides` values that differ between two `_fixed_config` records."""
+    try:
+        old = json.loads(recorded)
+    except (TypeError, ValueError):
+        old = None
+    new = json.loads(current)
+    if not isinstance(old, dict):
+        return [f"the fixed config was {recorded!r}, now {current!r}"]
+    differences = []
+    if old.get("entry") != new["entry"]:
+        differences.append(f"entry was {old.get('entry')!r}, now {new['entry']!r}")
+    old_overrides, new_overrides = old.get("overrides") or {}, new["overrides"]
+    for name in sorted(set(old_overrides) | set(new_overrides)):
+        if (name in old_overrides, old_overrides.get(name)) != (name in new_overrides, new_overrides.get(name)):
+            was, now = (repr(o[name]) if name in o else "not set" for o in (old_overrides, new_overrides))
+            differences.append(f"overrides[{name!r}] was {was}, now {now}")
+    return differences
+
+
+def _plain(value):
+    """JSON for what `json` cannot write: NumPy values as numbers or lists, Keras objects as their config."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "get_config"):
+        return keras.saving.serialize_keras_object(value)
+    return repr(value)
 
 
 def _checked(key, value):

@@ -1,6 +1,7 @@
 """Tests of keras_avae.tuning: the search space reaches the model, builds are
 deterministic, and a tiny KerasTuner search minimises the validation NELBO."""
 
+import shutil
 import warnings
 
 import keras
@@ -226,3 +227,139 @@ def test_fit_refuses_epochs_and_steps_the_schedule_was_not_laid_out_for():
     # Hyperband's shorter trials (`tuner/epochs`) are part of its schedule.
     hp.Fixed("tuner/epochs", 1)
     hypermodel.fit(hp, model, x, epochs=1, batch_size=9, verbose=0)
+
+
+# A resumed tuner (same `directory` and `project_name`, `overwrite=False`)
+# reloads its oracle, search space included, from oracle.json.
+RESUME_SPACE = dict(
+    SPACE, num_layers=[1], filters=[4], generative_attention=[False], inference_attention=[False], nonlocal_blocks=[False]
+)
+# (search_space, overrides, the difference the error names) against RESUME_SPACE and TINY.
+CHANGES = {
+    "choices": (dict(RESUME_SPACE, num_layers=[1, 2]), TINY, r"search_space\['num_layers'\] was \[1\], now \[1, 2\]"),
+    "range": (
+        dict(RESUME_SPACE, learning_rate=(1e-3, 2e-2)),
+        TINY,
+        r"search_space\['learning_rate'\] was \(0\.001, 0\.01\), now \(0\.001, 0\.02\)",
+    ),
+    "fixed value": (
+        dict(RESUME_SPACE, nonlocal_blocks=[True]),
+        TINY,
+        r"search_space\['nonlocal_blocks'\] was \[False\], now \[True\]",
+    ),
+    "fixed to searched": (
+        dict(RESUME_SPACE, inference_attention=[False, True]),
+        TINY,
+        r"search_space\['inference_attention'\] was \[False\], now \[False, True\]",
+    ),
+    "no longer searched": (
+        dict(RESUME_SPACE, learning_rate=None),
+        TINY,
+        r"search_space\['learning_rate'\] was \(0\.001, 0\.01\), now None",
+    ),
+    "override": (RESUME_SPACE, dict(TINY, cells_per_layer=2), r"overrides\['cells_per_layer'\] was 1, now 2"),
+    "new override": (RESUME_SPACE, dict(TINY, bn_momentum=0.9), r"overrides\['bn_momentum'\] was not set, now 0\.9"),
+}
+search_on_tensorflow = pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="the search loop is KerasTuner's, backend-independent; run once, on TensorFlow. "
+    "The check in `build(hp)` is tested on every backend",
+)
+
+
+class CountingHyperModel(VAEHyperModel):
+    builds = 0
+
+    def build(self, hp):
+        CountingHyperModel.builds += 1
+        return super().build(hp)
+
+
+def tiny_search(directory, max_trials, search_space=RESUME_SPACE, overrides=TINY):
+    """A random search of 1-epoch trials on 24 random 8x8 images, resumed where `directory` holds one."""
+    hypermodel = CountingHyperModel(
+        "mnist-attentive-small",
+        steps_per_epoch=4,
+        epochs=1,
+        search_space=search_space,
+        overrides=overrides,
+        jit_compile=False,
+    )
+    tuner = keras_tuner.RandomSearch(
+        hypermodel, objective=OBJECTIVE, max_trials=max_trials, seed=1, directory=directory, project_name="tiny"
+    )
+    x = (np.random.default_rng(0).random((32, 8, 8, 1)) > 0.5).astype("float32")
+    CountingHyperModel.builds = 0
+    tuner.search(x[:24], validation_data=(x[24:], None), epochs=1, batch_size=6, verbose=0)
+    return tuner
+
+
+def finished(tuner):
+    return {i: (t.hyperparameters.values, t.score) for i, t in tuner.oracle.trials.items() if t.status == "COMPLETED"}
+
+
+@pytest.fixture(scope="module")
+def one_trial_project(tmp_path_factory):
+    """The folder of a `tiny_search` project with one finished trial, and that trial."""
+    directory = tmp_path_factory.mktemp("tuner")
+    return directory, finished(tiny_search(directory, max_trials=1))
+
+
+@pytest.mark.slow
+@search_on_tensorflow
+def test_a_resumed_search_with_the_same_space_keeps_its_finished_trials(one_trial_project, tmp_path):
+    directory, first = one_trial_project
+    shutil.copytree(directory, tmp_path, dirs_exist_ok=True)
+    tuner = tiny_search(tmp_path, max_trials=2)
+    assert CountingHyperModel.builds == 1  # the new trial only
+    trials = finished(tuner)
+    assert len(trials) == 2 and {i: trials[i] for i in first} == first
+    # The best configuration rebuilds with a hypermodel of other `epochs` (to retrain it longer).
+    best = tuner.get_best_hyperparameters(1)[0]
+    retrain = VAEHyperModel("mnist-attentive-small", steps_per_epoch=4, epochs=3, search_space=RESUME_SPACE, overrides=TINY)
+    assert retrain.build(best).num_layers == 1
+
+
+@search_on_tensorflow
+@pytest.mark.parametrize("search_space, overrides, shown", CHANGES.values(), ids=CHANGES.keys())
+def test_a_resumed_search_with_another_space_is_refused(one_trial_project, tmp_path, search_space, overrides, shown):
+    # Before: KerasTuner went on drawing from the space recorded in oracle.json
+    # (e.g. num_layers=1 models for a search over [2, 3]) and scored them in the same project.
+    shutil.copytree(one_trial_project[0], tmp_path, dirs_exist_ok=True)
+    with pytest.raises(keras_tuner.errors.FatalValueError, match=rf"{shown}.*another `project_name`.*overwrite=True"):
+        tiny_search(tmp_path, max_trials=3, search_space=search_space, overrides=overrides)
+    assert CountingHyperModel.builds == 1  # refused at the first build, before any training
+
+
+@pytest.mark.slow
+@search_on_tensorflow
+def test_a_refused_resume_loses_no_finished_trial(one_trial_project, tmp_path):
+    directory, first = one_trial_project
+    shutil.copytree(directory, tmp_path, dirs_exist_ok=True)
+    search_space, overrides, shown = CHANGES["choices"]
+    with pytest.raises(ValueError, match=shown):
+        tiny_search(tmp_path, max_trials=3, search_space=search_space, overrides=overrides)
+    # Resumed with the arguments it was started with, the search keeps its
+    # finished trial and runs the one the refused resume had begun.
+    tuner = tiny_search(tmp_path, max_trials=2)
+    assert CountingHyperModel.builds == 1
+    trials = finished(tuner)
+    assert len(trials) == 2 and {i: trials[i] for i in first} == first
+
+
+@pytest.mark.parametrize("search_space, overrides, shown", CHANGES.values(), ids=CHANGES.keys())
+def test_hyperparameters_from_another_search_are_refused(search_space, overrides, shown):
+    # The hyperparameters a tuner records when it starts (it builds once on an
+    # empty space), as its trials and `get_best_hyperparameters` carry them.
+    hp = keras_tuner.HyperParameters()
+    VAEHyperModel(steps_per_epoch=4, search_space=RESUME_SPACE, overrides=TINY).build(hp)
+    other = VAEHyperModel(steps_per_epoch=4, search_space=search_space, overrides=overrides)
+    with pytest.raises(keras_tuner.errors.FatalValueError, match=shown):
+        other.build(hp)
+    # Their values alone build with any hypermodel, as the error says; the same
+    # search space, entry and overrides with another schedule build as they are.
+    values_only = keras_tuner.HyperParameters()
+    values_only.values = dict(hp.values)
+    assert other.build(values_only).num_layers == 1
+    retrain = VAEHyperModel(steps_per_epoch=7, epochs=3, seed=2, search_space=RESUME_SPACE, overrides=TINY)
+    assert retrain.build(hp).num_layers == 1
