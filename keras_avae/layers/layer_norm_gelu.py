@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_avae._validation import is_finite_real
+
 
 @keras.saving.register_keras_serializable(package="keras_avae")
 class LayerNormGelu(keras.layers.Layer):
@@ -12,7 +14,8 @@ class LayerNormGelu(keras.layers.Layer):
     reference's `tfa.activations.gelu`).
 
     Args:
-        epsilon: LayerNorm epsilon. Defaults to `1e-5` (the reference's).
+        epsilon: positive float, the LayerNorm epsilon. Defaults to `1e-5`
+            (the reference's).
         regularizer: regularizer for the LayerNorm's gamma and beta.
         **kwargs: base layer arguments.
 
@@ -25,10 +28,15 @@ class LayerNormGelu(keras.layers.Layer):
 
     def __init__(self, epsilon=1e-5, regularizer=None, **kwargs):
         super().__init__(**kwargs)
-        self.epsilon = epsilon
+        # Checked here, as `DepthwiseAttend` does: Keras' LayerNormalization
+        # takes any epsilon, and a negative or NaN one gave NaN outputs
+        # silently (a string, a TypeError at the first call).
+        if not (is_finite_real(epsilon) and epsilon > 0):
+            raise ValueError(f"`epsilon` must be a positive number. Received: epsilon={epsilon!r}")
+        self.epsilon = float(epsilon)  # NumPy's too, stored as a Python float
         self.regularizer = keras.regularizers.get(regularizer)
         self.norm = keras.layers.LayerNormalization(
-            epsilon=epsilon,
+            epsilon=self.epsilon,
             gamma_regularizer=self.regularizer,
             beta_regularizer=self.regularizer,
             dtype=self.dtype_policy,

@@ -402,6 +402,22 @@ class PerformerAttention(keras.layers.MultiHeadAttention):
         training=None,
         use_causal_mask=False,
     ):
+        if type(self).call is not PerformerAttention.call:
+            # A subclass's own `call` may return something else: trace it
+            # (MultiHeadAttention's spec is always shaped like the query).
+            # Only the arguments the caller gave: its `call` may take fewer.
+            optional = {
+                "key": key,
+                "query_mask": query_mask,
+                "value_mask": value_mask,
+                "key_mask": key_mask,
+                "attention_mask": attention_mask,
+                "return_attention_scores": return_attention_scores or None,
+                "training": training,
+                "use_causal_mask": use_causal_mask or None,
+            }
+            kwargs = {name: arg for name, arg in optional.items() if arg is not None}
+            return keras.Operation.compute_output_spec(self, query, value, **kwargs)
         self._check_call_arguments(query, attention_mask, return_attention_scores)
         return super().compute_output_spec(query, value, key)
 

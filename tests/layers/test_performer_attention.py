@@ -437,6 +437,23 @@ class TestPerformerAttention(TestCase):
         bias = to_numpy(layer.output_dense.bias)
         self.assertAllClose(out, np.broadcast_to(bias, (2, 3, 4, 8)))  # the override's zeros reached the output
 
+    def test_subclass_call_gives_its_own_symbolic_output(self):
+        # Before: the symbolic call had MultiHeadAttention's spec (the query's
+        # shape), (None, 6, 8), whatever the subclass's `call` returned.
+        class FirstChannels(PerformerAttention):
+            def call(self, query, value, key=None, value_mask=None, use_causal_mask=False):
+                output = super().call(query, value, key, value_mask=value_mask, use_causal_mask=use_causal_mask)
+                return output[..., :3]
+
+        query, mask = keras.Input((6, 8)), keras.Input((6,), dtype="bool")
+        layer = FirstChannels(num_heads=2, key_dim=4, num_random_features=8, seed=0)
+        output = layer(query, query, value_mask=mask, use_causal_mask=True)
+        assert output.shape == (None, 6, 3)
+        model = keras.Model([query, mask], output)
+        x, valid = sequences(3), np.array([[True] * 6, [True, False] * 3])
+        expected = layer(x, x, value_mask=valid, use_causal_mask=True)
+        self.assertAllClose(model([x, valid]), expected, atol=1e-6)
+
     @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
     def test_long_causal_sequences_in_mixed_precision(self, policy):
         # Causal FAVOR+ sums prefix sums of exponentials over the sequence;

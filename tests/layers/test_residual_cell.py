@@ -1,6 +1,7 @@
 """ResidualCell and LayerNormGelu: the layer harness, and values against NumPy."""
 
 import json
+import re
 
 import keras
 import numpy as np
@@ -291,3 +292,21 @@ class TestLayerNormGelu(TestCase):
         normed = gamma * (x64 - mean) / np.sqrt(variance + 1e-5) + beta
         gelu = 0.5 * normed * (1 + np.tanh(np.sqrt(2 / np.pi) * (normed + 0.044715 * normed**3)))
         self.assertAllClose(layer(x), x64 + gelu, atol=1e-5, rtol=1e-5)
+
+    @pytest.mark.parametrize("epsilon", [-1.0, 0.0, float("nan"), float("inf"), "1e-5", None, True])
+    def test_bad_epsilon_is_named_at_construction(self, epsilon):
+        # Before: accepted; a negative or NaN epsilon gave NaN outputs silently
+        # (here every position whose channel variance is below 1), a string a
+        # TypeError from inside LayerNormalization at the first call.
+        with pytest.raises(ValueError, match=re.escape(f"Received: epsilon={epsilon!r}")):
+            LayerNormGelu(epsilon=epsilon)
+
+    def test_numpy_epsilon_is_stored_as_a_python_float(self):
+        layer = LayerNormGelu(epsilon=np.float64(1e-3))
+        assert type(layer.get_config()["epsilon"]) is float
+        json.dumps(keras.saving.serialize_keras_object(layer))
+        x = images(4)
+        layer(x)
+        expected = LayerNormGelu(epsilon=1e-3)
+        expected(x)
+        self.assertAllClose(layer(x), expected(x), atol=0, rtol=0)
