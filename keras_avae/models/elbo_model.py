@@ -11,6 +11,7 @@ from keras import ops
 
 from keras_avae import host_memory
 from keras_avae._validation import check_images
+from keras_avae.evaluation import check_not_a_stream_of_batches
 from keras_avae.evaluation import importance_sampled_log_likelihood
 from keras_avae.keras_compat import portable_compile_config
 from keras_avae.models import dataset_checks
@@ -250,6 +251,7 @@ class ELBOModel(PresetMixin, keras.Model):
         function, and raises `ValueError` naming `name` (see
         `keras_avae._validation.check_images`).
         """
+        check_not_a_stream_of_batches(x, name)  # a dataset or generator: named as such, not as a 0-d object array
         return ops.convert_to_tensor(check_images(x, self.image_shape, self.pixel_range, name=name))
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):

@@ -372,6 +372,33 @@ class TestInferenceInputs(TestCase):
             with pytest.raises(ValueError, match=r"`x` is an empty batch.*Received: x.shape=\(0, 8, 8, 1\)"):
                 method(x)
 
+    def test_a_dataset_or_generator_of_batches_is_named_as_such(self, model):
+        # Before: "`x` must be a numeric array of images. Received: x of dtype object with shape ()"
+        # (NumPy's 0-d object array around the dataset), naming neither it nor what to do.
+        import tensorflow as tf
+
+        from keras_avae import inspection
+
+        x = shapes_batch(2)
+        streams = {
+            "_BatchDataset": lambda: tf.data.Dataset.from_tensor_slices(x).batch(1),
+            "generator": lambda: (b for b in [x]),
+            "list_iterator": lambda: iter([x]),
+        }
+        methods = {
+            "x": [model.log_likelihood, model.reconstruct, model.encode, lambda s: inspection.kl_per_layer(model, s)],
+            "x_a": [lambda s: model.interpolate(s, x)],
+        }
+        for kind, stream in streams.items():
+            for name, calls in methods.items():
+                for method in calls:
+                    pattern = rf"`{name}` must be one batch of images.*Received: {name} of type {kind}, a stream of batches"
+                    with pytest.raises(ValueError, match=pattern):
+                        method(stream())
+        # A batch read from the dataset is scored as the array it holds.
+        batch = next(iter(tf.data.Dataset.from_tensor_slices(x).batch(2)))
+        assert model.reconstruct(batch).shape == x.shape
+
     def test_wrong_rank_and_dtype_name_the_argument(self, model):
         with pytest.raises(ValueError, match=r"Received: x.shape=\(8, 8, 1\)"):
             model.encode(np.zeros((8, 8, 1), "float32"))
