@@ -16,7 +16,9 @@ arguments' numbers and seeds with the helpers at the end.
 
 import math
 import numbers
+import sys
 
+import ml_dtypes
 import numpy as np
 from keras import ops
 
@@ -30,7 +32,7 @@ def concrete_numpy(value, name):
     (1, 2)
     """
     try:
-        return np.asarray(ops.convert_to_numpy(value))
+        return np.asarray(ops.convert_to_numpy(_torch_bfloat16_as_numpy(value)))
     except Exception as error:  # a tf.function or jax.jit tracer, a ragged list
         raise ValueError(
             f"`{name}` must be a concrete array: the inference methods check their inputs and return NumPy "
@@ -39,12 +41,16 @@ def concrete_numpy(value, name):
         ) from None
 
 
-def check_images(x, image_shape, pixel_range, name="x", allow_non_finite=False):
+def check_images(x, image_shape, pixel_range, name="x", allow_non_finite=False, single_image=False):
     """Checks a batch of images and returns it as a float32 NumPy array.
 
     Raises `ValueError` naming `name` for: a non-numeric (or complex) array,
     a wrong rank or image shape, an empty batch, NaN or infinite values
-    (unless `allow_non_finite`), or finite values outside `pixel_range`.
+    (unless `allow_non_finite`), or finite values outside `pixel_range`
+    (a float64 value too large for float32 too: out of range, not infinite).
+    bfloat16 (and the other floats of `ml_dtypes`) are numbers: their values
+    convert to float32 exactly. With `single_image`, `x` is one image
+    `(H, W, C)`, returned as a batch of one; the messages give its own shape.
 
     Example:
 
@@ -56,24 +62,78 @@ def check_images(x, image_shape, pixel_range, name="x", allow_non_finite=False):
     ValueError: `x` contains 32 non-finite values (NaN or inf), in images [0, 1]. Received: x with shape (2, 4, 4, 1)
     """
     array = concrete_numpy(x, name)
-    if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool) or np.iscomplexobj(array):
+    if not is_real_dtype(array.dtype):
         raise ValueError(
             f"`{name}` must be a numeric array of images. Received: {name} of dtype {array.dtype} "
             f"with shape {array.shape}"
         )
     image_shape = tuple(image_shape)
-    if array.ndim != 1 + len(image_shape) or tuple(array.shape[1:]) != image_shape:
+    shape = tuple(array.shape)  # as received, for the messages
+    if single_image:
+        if shape != image_shape:
+            raise ValueError(f"Expected `{name}` of shape {image_shape}, one image. Received: {name}.shape={shape}")
+        array = array[None]
+    elif array.ndim != 1 + len(image_shape) or shape[1:] != image_shape:
         raise ValueError(
-            f"Expected `{name}` of shape (batch, {', '.join(map(str, image_shape))}). "
-            f"Received: {name}.shape={tuple(array.shape)}"
+            f"Expected `{name}` of shape (batch, {', '.join(map(str, image_shape))}). Received: {name}.shape={shape}"
         )
     if array.shape[0] == 0:
-        raise ValueError(
-            f"`{name}` is an empty batch: it needs at least one image. Received: {name}.shape={tuple(array.shape)}"
-        )
-    array = array.astype("float32", copy=False)
-    _check_pixel_values(array, pixel_range, name, allow_non_finite)
-    return array
+        raise ValueError(f"`{name}` is an empty batch: it needs at least one image. Received: {name}.shape={shape}")
+    with np.errstate(over="ignore"):  # float64 beyond float32's range: judged on `array` below
+        values = array.astype("float32", copy=False)
+    _check_pixel_values(values, pixel_range, name, allow_non_finite, received=array, shape=shape)
+    return values
+
+
+def is_real_dtype(dtype):
+    """Whether `dtype` holds real numbers: NumPy's ints, floats and bool, and `ml_dtypes`' floats (bfloat16).
+
+    JAX, TensorFlow and PyTorch tensors of bfloat16 reach NumPy as
+    `ml_dtypes.bfloat16`, which NumPy does not count as a number.
+
+    >>> is_real_dtype(ml_dtypes.bfloat16), is_real_dtype(np.uint8), is_real_dtype(np.complex64), is_real_dtype(str)
+    (True, True, False, False)
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind in "biuf":
+        return True
+    return dtype.kind == "V" and _ml_dtypes_finfo(dtype) is not None
+
+
+def is_narrow_float(dtype):
+    """Whether `dtype` is a float with fewer significant bits than float32 (float16, bfloat16, the float8s).
+
+    Their values convert to float32 exactly, but they round pixel levels
+    such as `k / 127.5 - 1` (see `keras_avae.evaluation`).
+
+    >>> is_narrow_float(ml_dtypes.bfloat16), is_narrow_float(np.float16), is_narrow_float(np.float32)
+    (True, True, False)
+    """
+    info = _ml_dtypes_finfo(np.dtype(dtype))
+    return info is not None and info.nmant < np.finfo(np.float32).nmant
+
+
+def _ml_dtypes_finfo(dtype):
+    """`ml_dtypes.finfo(dtype)` (NumPy's floats too), or `None` for a dtype that is no float."""
+    if dtype.kind not in "fV":
+        return None
+    try:
+        return ml_dtypes.finfo(dtype)
+    except ValueError:  # a structured or opaque void dtype, ml_dtypes' int4
+        return None
+
+
+def _torch_bfloat16_as_numpy(value):
+    """A PyTorch bfloat16 tensor as a NumPy `ml_dtypes.bfloat16` array (the same values); anything else as it is.
+
+    NumPy cannot read a torch bfloat16 tensor ("Got unsupported ScalarType
+    BFloat16"): Keras' torch backend converts it so, the other backends'
+    `convert_to_numpy` did not. `torch` is looked at only if already imported.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(value, torch.Tensor) or value.dtype != torch.bfloat16:
+        return value
+    return value.detach().cpu().float().numpy().astype(ml_dtypes.bfloat16)
 
 
 def check_concrete_pixels(x, pixel_range, name="x"):
@@ -97,17 +157,30 @@ def check_concrete_pixels(x, pixel_range, name="x"):
         _check_pixel_values(array, pixel_range, name, allow_non_finite=True)
 
 
-def _check_pixel_values(array, pixel_range, name, allow_non_finite):
-    """`check_images`' checks of the values of `array`, a batch of images along its first axis."""
+def _check_pixel_values(array, pixel_range, name, allow_non_finite, received=None, shape=None):
+    """`check_images`' checks of the values of `array`, a batch of images along its first axis.
+
+    `received`: the array `array` is a float32 copy of, if any; `shape`: the
+    shape to name (the received one, without the batch axis for one image).
+    """
     finite = np.isfinite(array)
     all_finite = bool(finite.all())
+    if not all_finite and received is not None and received.dtype.kind == "f" and received.dtype.itemsize > 4:
+        # The float32 copy turns a float64 value beyond float32's range
+        # (1e300) into inf: judge the values received, finite and out of range.
+        array = received
+        finite = np.isfinite(array)
+        all_finite = bool(finite.all())
+    shape = tuple(array.shape) if shape is None else shape
     if not all_finite and not allow_non_finite:
-        bad_images = np.flatnonzero(~finite.reshape(len(array), -1).all(axis=1))
-        shown = bad_images[:5].tolist()
-        more = f" and {len(bad_images) - 5} more" if len(bad_images) > 5 else ""
+        where = ""
+        if len(shape) == array.ndim:  # a batch: which images
+            bad_images = np.flatnonzero(~finite.reshape(len(array), -1).all(axis=1))
+            more = f" and {len(bad_images) - 5} more" if len(bad_images) > 5 else ""
+            where = f", in images {bad_images[:5].tolist()}{more}"
         raise ValueError(
-            f"`{name}` contains {int((~finite).sum())} non-finite values (NaN or inf), in images {shown}{more}. "
-            f"Received: {name} with shape {tuple(array.shape)}"
+            f"`{name}` contains {int((~finite).sum())} non-finite values (NaN or inf){where}. "
+            f"Received: {name} with shape {shape}"
         )
     low, high = pixel_range
     values = array if all_finite else array[finite]

@@ -11,6 +11,7 @@ full MNIST evaluation with K = 100 takes hours on a CPU.
 """
 
 import collections.abc
+import functools
 import hashlib
 import json
 import math
@@ -28,6 +29,7 @@ from keras_avae._validation import check_images
 from keras_avae._validation import check_positive_int
 from keras_avae._validation import concrete_numpy
 from keras_avae._validation import is_integer
+from keras_avae._validation import is_narrow_float
 
 
 def importance_sampled_log_likelihood(model, x, num_samples=100, chunk_size=None):
@@ -147,9 +149,10 @@ def _checked_images(model, x, name):
     """`x` as a checked float32 NumPy batch; only made concrete for a model without image metadata."""
     check_not_a_stream_of_batches(x, name)
     if hasattr(model, "image_shape") and hasattr(model, "pixel_range"):
-        x = check_images(x, model.image_shape, model.pixel_range, name=name)
+        received = concrete_numpy(x, name)  # its dtype: a float narrower than float32 rounds the levels
+        x = check_images(received, model.image_shape, model.pixel_range, name=name)
         if hasattr(model, "pixel_levels"):
-            _check_pixel_levels(x, model.pixel_range, model.pixel_levels, name)
+            x = _check_pixel_levels(x, model.pixel_range, model.pixel_levels, name, received.dtype)
         return x
     return concrete_numpy(x, name)
 
@@ -191,14 +194,21 @@ def check_not_a_stream_of_batches(x, name):
         )
 
 
-def _check_pixel_levels(x, pixel_range, levels, name):
-    """Raises unless every value of `x` is one of the `levels` pixel levels spread evenly over `pixel_range`.
+def _check_pixel_levels(x, pixel_range, levels, name, received_dtype=None):
+    """Returns `x` if every value is one of the `levels` pixel levels spread evenly over `pixel_range`, else raises.
 
     The estimate is `log p(x)` of a discrete distribution over those levels
     only: a Bernoulli model scored grey pixels by a cross-entropy, and the
     logistic mixture scored in-range values between its levels (CIFAR-10 in
     [0, 1] instead of [-1, 1]: half the levels between two) as if they were
     levels, each a finite and plausible figure in nats that no density gives.
+
+    `x` was received as `received_dtype`. A float narrower than float32
+    (bfloat16, float16) rounds the levels: bfloat16's `k / 127.5 - 1` lies
+    up to a quarter of a level from its level. Values that are exactly a
+    level rounded to that dtype are returned as the levels (float32); a
+    dtype that rounds some level nearer another (bfloat16 for 1024 levels)
+    is refused.
 
     Example:
 
@@ -209,9 +219,30 @@ def _check_pixel_levels(x, pixel_range, levels, name):
     Received: x with 1 values between levels, e.g. 0.5
     """
     low, high = pixel_range
-    position = (np.asarray(x, np.float64) - low) * ((levels - 1) / (high - low))
-    # 1e-3 of a level: far above float32 rounding of `k / 127.5 - 1`, far below any real offset.
-    between = np.abs(position - np.round(position)) > 1e-3
+    values = np.asarray(x, np.float64)
+    position = (values - low) * ((levels - 1) / (high - low))
+    narrow = received_dtype is not None and is_narrow_float(received_dtype)
+    if narrow:
+        # Snapped, not refused: where every level rounds to a value of its
+        # own, nearer that level than any other (checked once per dtype), a
+        # value that is exactly a level's rounding stands for that level and
+        # no other, so the levels are the image received and their log p(x)
+        # the honest score (a mixed-precision user's 8-bit images are exact).
+        # A value that is no level's rounding (a level computed in bfloat16
+        # arithmetic: up to half a level off) is refused below, as is a dtype
+        # that cannot keep the levels apart (here).
+        dtype = np.dtype(received_dtype)
+        if not _levels_survive_rounding(dtype, float(low), float(high), int(levels)):
+            raise ValueError(
+                f"`{name}` of dtype {dtype} cannot hold the model's {levels} pixel levels: {dtype} rounds some "
+                f"level nearer another, so which image was meant is unknown. Pass float32 images. Received: "
+                f"{name} of dtype {dtype}"
+            )
+        snapped = (low + np.round(position) * (high - low) / (levels - 1)).astype("float32")
+        between = snapped.astype(dtype).astype(np.float64) != values
+    else:
+        # 1e-3 of a level: far above float32 rounding of `k / 127.5 - 1`, far below any real offset.
+        between = np.abs(position - np.round(position)) > 1e-3
     if between.any():
         kind = (
             "binary pixels: 0 or 1; binarise grey images first"
@@ -219,11 +250,22 @@ def _check_pixel_levels(x, pixel_range, levels, name):
             else f"{low:g} + k * {(high - low):g} / {levels - 1} for integers k, e.g. `pixels / 127.5 - 1` for "
             "8-bit pixels"
         )
+        if narrow:
+            kind += f"; as {np.dtype(received_dtype)}: levels computed in float32, then cast"
         raise ValueError(
             f"Expected `{name}` to hold only the model's {levels} pixel levels ({kind}): its log p(x) is a "
             f"probability of those levels only. Received: {name} with {int(between.sum())} values between "
             f"levels, e.g. {float(np.asarray(x)[between][0])!r}"
         )
+    return snapped if narrow else x
+
+
+@functools.lru_cache(maxsize=16)
+def _levels_survive_rounding(dtype, low, high, levels):
+    """Whether `dtype`'s rounding of each of the `levels` levels over `[low, high]` lies nearest that level."""
+    k = np.arange(levels)
+    rounded = (low + k * (high - low) / (levels - 1)).astype("float32").astype(dtype).astype(np.float64)
+    return bool(np.all(np.round((rounded - low) * ((levels - 1) / (high - low))) == k))
 
 
 # Default chunks hold at most this many image-samples: larger passes gain

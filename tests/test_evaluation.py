@@ -13,6 +13,7 @@ import re
 import warnings
 
 import keras
+import ml_dtypes
 import numpy as np
 import pytest
 from keras import ops
@@ -607,3 +608,33 @@ def test_scores_are_refused_for_pixels_between_the_likelihoods_levels(model):
     expected = float(((pixels / 255.0).astype("float32")).reshape(-1)[even])  # the first value between levels
     with pytest.raises(ValueError, match=rf"256 pixel levels \(-1 \+ k \* 2 / 255.*e\.g\. {re.escape(repr(expected))}"):
         mixture.log_likelihood((pixels / 255.0).astype("float32"), num_samples=2)
+
+
+def test_narrow_float_images_are_scored_as_the_levels_they_round(monkeypatch):
+    """Before: bfloat16 images were refused as not numeric, and float16 8-bit images as "between levels"
+    (float16 puts `k / 127.5 - 1` up to 0.03 of a level off, bfloat16 up to 0.25). Each such value is
+    exactly one level's rounding, so it is scored as that level: the float32 images' figures."""
+    mixture = HierarchicalVAE(**dict(TINY, image_shape=(8, 8, 3), likelihood="logistic_mixture", num_mixtures=2))
+    mixture.build()  # building draws random numbers: before seeding
+    pixels = np.random.default_rng(0).integers(0, 256, (2, 8, 8, 3))
+    levels = (pixels / 127.5 - 1).astype("float32")
+
+    def score(x):
+        mixture.seed_generator.state.assign(np.array([7, 0]))
+        return mixture.log_likelihood(x, num_samples=2)
+
+    expected = score(levels)
+    for dtype in (ml_dtypes.bfloat16, np.float16):
+        rounded = levels.astype(dtype)
+        assert np.any(rounded.astype("float32") != levels)
+        np.testing.assert_array_equal(score(rounded), expected, err_msg=str(dtype))
+    # Levels computed in bfloat16 arithmetic are up to half a level off: which level is unknown.
+    computed = pixels.astype(ml_dtypes.bfloat16) / ml_dtypes.bfloat16(127.5) - ml_dtypes.bfloat16(1)
+    between = r"256 pixel levels \(.*; as bfloat16: levels computed in float32, then cast\).*values between levels"
+    with pytest.raises(ValueError, match=between):
+        score(computed)
+    # A dtype that rounds some level nearer another cannot say which image was meant.
+    monkeypatch.setattr(mixture.data_head, "num_bins", 1024)
+    refused = r"`x` of dtype bfloat16 cannot hold the model's 1024 pixel levels.*Received: x of dtype bfloat16$"
+    with pytest.raises(ValueError, match=refused):
+        mixture.log_likelihood(levels.astype(ml_dtypes.bfloat16), num_samples=2)

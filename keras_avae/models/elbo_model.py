@@ -244,15 +244,18 @@ class ELBOModel(PresetMixin, keras.Model):
         """How many pixel values, spread evenly over `pixel_range`, the likelihood scores (2: binary)."""
         return 2
 
-    def _check_images(self, x, name="x"):
-        """Eager check of user images (shape, empty batch, NaN/inf, pixel range); a tensor of them.
+    def _check_images(self, x, name="x", single_image=False):
+        """Eager check of user images (shape, empty batch, NaN/inf, pixel range); a float32 tensor of them.
 
         Runs on a NumPy copy of the concrete values, before any compiled
         function, and raises `ValueError` naming `name` (see
-        `keras_avae._validation.check_images`).
+        `keras_avae._validation.check_images`; `single_image`: `x` is one
+        image, returned as a batch of one). bfloat16 images are taken as
+        their float32 values.
         """
         check_not_a_stream_of_batches(x, name)  # a dataset or generator: named as such, not as a 0-d object array
-        return ops.convert_to_tensor(check_images(x, self.image_shape, self.pixel_range, name=name))
+        checked = check_images(x, self.image_shape, self.pixel_range, name=name, single_image=single_image)
+        return ops.convert_to_tensor(checked)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         weights = _per_image_weights(sample_weight)

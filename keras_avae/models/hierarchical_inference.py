@@ -15,7 +15,9 @@ from keras_avae._validation import check_bool
 from keras_avae._validation import check_finite_outputs
 from keras_avae._validation import check_positive_int
 from keras_avae._validation import check_temperature
+from keras_avae._validation import concrete_numpy
 from keras_avae._validation import to_numpy
+from keras_avae.evaluation import check_not_a_stream_of_batches
 from keras_avae.models.batch_norm_statistics import readjusted_batch_norm
 
 
@@ -153,11 +155,7 @@ class HierarchicalInference:
         """
         if check_positive_int(steps, "steps") < 2:
             raise ValueError(f"`steps` must be an int >= 2. Received: steps={steps!r}")
-        single = np.ndim(x_a) == 3
-        x_a = to_numpy(self._check_images(np.asarray(x_a)[None] if single else x_a, name="x_a"))
-        x_b = to_numpy(self._check_images(np.asarray(x_b)[None] if single else x_b, name="x_b"))
-        if x_a.shape != x_b.shape:
-            raise ValueError(f"`x_a` and `x_b` must have the same shape. Received: {x_a.shape} and {x_b.shape}")
+        x_a, x_b, single = self._interpolation_ends(x_a, x_b)
         t = np.linspace(0.0, 1.0, steps, dtype=np.float32).reshape(1, steps, 1, 1, 1)
         latents = [
             ((1 - t) * a[:, None] + t * b[:, None]).reshape((-1,) + a.shape[1:])
@@ -167,6 +165,33 @@ class HierarchicalInference:
         images = to_numpy(decode(latents, mode)).reshape((len(x_a), steps) + x_a.shape[1:])
         check_finite_outputs(images, "interpolations")
         return images[0] if single else images
+
+    def _interpolation_ends(self, x_a, x_b):
+        """`interpolate`'s `x_a` and `x_b` checked, as float32 batches, and whether they are single images.
+
+        Every message names the argument and the shape it was received
+        with, not that of the batch of one a single image is checked as.
+        """
+        ends = []
+        for x, name in ((x_a, "x_a"), (x_b, "x_b")):
+            check_not_a_stream_of_batches(x, name)
+            ends.append(concrete_numpy(x, name))
+        x_a, x_b = ends
+        if x_a.ndim not in (3, 4):
+            h, w, c = self.image_shape
+            raise ValueError(
+                f"Expected `x_a` of shape ({h}, {w}, {c}), one image, or (batch, {h}, {w}, {c}). "
+                f"Received: x_a.shape={x_a.shape}"
+            )
+        if x_a.shape != x_b.shape:
+            raise ValueError(
+                "`x_a` and `x_b` must have the same shape: two images (H, W, C) or two batches (B, H, W, C) of "
+                f"the same size. Received: x_a.shape={x_a.shape} and x_b.shape={x_b.shape}"
+            )
+        single = x_a.ndim == 3
+        x_a = to_numpy(self._check_images(x_a, name="x_a", single_image=single))
+        x_b = to_numpy(self._check_images(x_b, name="x_b", single_image=single))
+        return x_a, x_b, single
 
     # === The passes (compiled once per shape on JAX; see `inference_passes`) ===
     def _encode_pass(self, x, sample):

@@ -2,12 +2,15 @@
 training, importance sampling and saving, on tiny configs."""
 
 import json
+import warnings
 
 import keras
+import ml_dtypes
 import numpy as np
 import pytest
 from keras import ops
 
+from keras_avae._validation import check_images
 from keras_avae.distributions.gaussian import DiagonalGaussian
 from keras_avae.evaluation import _compiled_log_weights
 from keras_avae.layers.depthwise_attend import DepthwiseAttend
@@ -44,6 +47,21 @@ def shapes_batch(n=16, size=8, seed=0):
         x[i, r0 : r0 + h, c0 : c0 + w] = 1.0
         x[i, rng.integers(0, size), :] = 1.0
     return x
+
+
+def as_bfloat16(x, library):
+    """A bfloat16 copy of the NumPy array `x` as `library` makes it (skips where it is not installed)."""
+    if library == "numpy":
+        return x.astype(ml_dtypes.bfloat16)
+    if library == "tensorflow":
+        import tensorflow as tf
+
+        return tf.cast(x, tf.bfloat16)
+    if library == "jax":
+        jnp = pytest.importorskip("jax.numpy")
+        return jnp.asarray(x, jnp.bfloat16)
+    torch = pytest.importorskip("torch")
+    return torch.tensor(x).to(torch.bfloat16)
 
 
 def reset_seed(model, seed=7):
@@ -404,6 +422,80 @@ class TestInferenceInputs(TestCase):
             model.encode(np.zeros((8, 8, 1), "float32"))
         with pytest.raises(ValueError, match=r"`x` must be a numeric array.*dtype <U1"):
             model.reconstruct(np.full((1, 8, 8, 1), "a"))
+
+    def test_a_float64_value_too_large_for_float32_is_out_of_range_not_non_finite(self, model):
+        # Before: "`x` contains 1 non-finite values (NaN or inf), in images [1]" (the float32 copy held
+        # inf for 1e300), with an overflow RuntimeWarning; `fit`'s check, which lets non-finite pixels
+        # through, passed it as inf.
+        x = shapes_batch(2).astype("float64")
+        x[1, 0, 0, 0] = 1e300
+        pattern = r"Expected pixel values of `x` in \[0\.0, 1\.0\]\. Received: x with values in \[0\.0, 1e\+300\]"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            for method in (model.log_likelihood, model.reconstruct, model.encode):
+                with pytest.raises(ValueError, match=pattern):
+                    method(x)
+            with pytest.raises(ValueError, match=pattern):
+                check_images(x, (8, 8, 1), (0.0, 1.0), allow_non_finite=True)
+            x[0, 0, 0, 0] = -np.inf  # a value that is not finite is still named so
+            with pytest.raises(ValueError, match=r"`x` contains 1 non-finite values \(NaN or inf\), in images \[0\]"):
+                model.encode(x)
+
+    @pytest.mark.parametrize("library", ["numpy", "jax", "tensorflow", "torch"])
+    def test_bfloat16_images_are_taken_as_their_values(self, model, library):
+        # Before: "`x` must be a numeric array of images. Received: x of dtype bfloat16 with shape
+        # (2, 8, 8, 1)" (NumPy does not count ml_dtypes' bfloat16 as a number); a torch tensor on
+        # TensorFlow or JAX: "`x` must be a concrete array ... Got unsupported ScalarType BFloat16".
+        # Binary pixels are exact in bfloat16: the same results as float32's.
+        x = shapes_batch(2)
+        x_bf16 = as_bfloat16(x, library)
+        calls = {
+            "log_likelihood": lambda v: [model.log_likelihood(v, num_samples=2)],
+            "reconstruct": lambda v: [model.reconstruct(v)],
+            "encode": model.encode,
+            "interpolate": lambda v: [model.interpolate(v[0], v[1], steps=2)],
+        }
+        for name, call in calls.items():
+            reset_seed(model)
+            expected = call(x)
+            reset_seed(model)
+            for received, wanted in zip(call(x_bf16), expected, strict=True):
+                np.testing.assert_array_equal(received, wanted, err_msg=name)
+
+    def test_interpolate_errors_name_the_shapes_received(self, model):
+        # Before: a single image x_a with a batch of one x_b gave "Expected `x_b` of shape (batch, 8, 8, 1).
+        # Received: x_b.shape=(1, 1, 8, 8, 1)": single images were checked as batches of one, and
+        # those shapes shown.
+        from keras_avae import inspection
+
+        x = shapes_batch(2)
+        nan_image = x[1].copy()
+        nan_image[0, 0, 0] = np.nan
+        same = (
+            r"`x_a` and `x_b` must have the same shape: two images \(H, W, C\) or two batches \(B, H, W, C\) of the "
+            r"same size\. Received: "
+        )
+        cases = [
+            (x[0], x[1:], same + r"x_a.shape=\(8, 8, 1\) and x_b.shape=\(1, 8, 8, 1\)$"),
+            (x[:1], x[1], same + r"x_a.shape=\(1, 8, 8, 1\) and x_b.shape=\(8, 8, 1\)$"),
+            (x[:1], x, same + r"x_a.shape=\(1, 8, 8, 1\) and x_b.shape=\(2, 8, 8, 1\)$"),
+            (x[0, :4], x[1, :4], r"Expected `x_a` of shape \(8, 8, 1\), one image\. Received: x_a.shape=\(4, 8, 1\)$"),
+            (
+                x[None, :1],
+                x[None, 1:],
+                r"Expected `x_a` of shape \(8, 8, 1\), one image, or \(batch, 8, 8, 1\)\. "
+                r"Received: x_a.shape=\(1, 1, 8, 8, 1\)$",
+            ),
+            (x[0], nan_image, r"`x_b` contains 1 non-finite values \(NaN or inf\)\. Received: x_b with shape \(8, 8, 1\)$"),
+            (np.full((8, 8, 1), "a"), x[1], r"`x_a` must be a numeric array.* of dtype <U1 with shape \(8, 8, 1\)$"),
+        ]
+        for x_a, x_b, pattern in cases:
+            for interpolate in (model.interpolate, lambda a, b: inspection.interpolate(model, a, b)):
+                with pytest.raises(ValueError, match=pattern):
+                    interpolate(x_a, x_b)
+        # What the docstring takes: two images, or two batches of the same size (one image each here).
+        assert model.interpolate(x[0], x[1], steps=2).shape == (2, 8, 8, 1)
+        assert model.interpolate(x[:1], x[1:], steps=2).shape == (1, 2, 8, 8, 1)
 
     @pytest.mark.parametrize("temperature", [float("inf"), float("nan"), 0.0, -1.0, "hot", True])
     def test_temperature_must_be_finite_and_positive(self, model, temperature):
