@@ -150,6 +150,25 @@ def test_missing_files_and_folders(tmp_path, capsys):
     assert_one_line_error(err, "--out", "s.jpg")
 
 
+def test_report_out_that_is_a_file_is_refused_before_loading(tmp_path, capsys, monkeypatch):
+    # Before: "FileExistsError: [Errno 17] File exists", after the model and data had loaded.
+    from keras_avae.cli import report as cli_report
+
+    def no_load(args):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(cli_report, "_load_model", no_load)
+    page = tmp_path / "report.html"
+    page.write_text("mine")
+    status, _, err = run_main(
+        ["report", "mnist-attentive-small", "--weights", "pretrained", "--data-dir", str(tmp_path), "--out", str(page)],
+        capsys,
+    )
+    assert status == 2
+    assert_one_line_error(err, "--out", "is a file", repr(str(page)))
+    assert page.read_text() == "mine"
+
+
 def test_corrupt_weights_file_is_one_line(tmp_path, capsys):
     bad = tmp_path / "broken.weights.h5"
     bad.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\x00" * 64)

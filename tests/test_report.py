@@ -329,6 +329,8 @@ def test_page_references_every_figure_and_nothing_missing(written):
     assert not any("//" in ref for ref in page.images + page.links)
     text = " ".join(page.text)
     assert "tiny-attentive" in text and "12 images" in text and f"{written['model'].count_params():,} in all" in text
+    # The KL and attention numbers follow the batch size: the page must say it beside the seed.
+    assert f"seed {SEED} batch size {BATCH} images per pass" in " ".join(text.split())
     # Every figure has a caption saying what it shows.
     assert text.count("The numbers drawn") == len(expected)
 
@@ -338,8 +340,13 @@ def test_baseline_without_attention_or_nonlocal_blocks_says_so(tmp_path):
     # An earlier report's figure in the same folder must not stay beside this page.
     (tmp_path / "depthwise_attention.png").write_bytes(b"stale")
     (tmp_path / "training_curves.json").write_text("{}")
+    # The staging folder of a report killed outright (no `finally`): its process is gone.
+    killed = tmp_path / ".partial-report-999999999"
+    killed.mkdir()
+    (killed / "samples.png").write_bytes(b"half")
     result = write_report(model, shapes_batch(4), tmp_path, temperatures=(1.0,), num_samples=4, progress=False)
     assert not (tmp_path / "depthwise_attention.png").exists() and not (tmp_path / "training_curves.json").exists()
+    assert not list(tmp_path.glob(".partial-report-*"))
     assert sorted(result["figures"]) == ["interpolations", "kl_per_layer", "reconstructions", "samples"]
     assert sorted(result["skipped"]) == ["depthwise_attention", "nonlocal_attention", "training_curves"]
     page = parse_page(tmp_path / "index.html")
@@ -376,9 +383,13 @@ def test_discrete_vae_and_bad_arguments_are_refused(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_a_rerun_stopped_part_way_leaves_no_earlier_page(tmp_path, monkeypatch):
-    # Before: the earlier report's page stayed, beside some of this run's figures.
-    (tmp_path / "index.html").write_text("<html>an earlier model's report</html>")
+def test_a_rerun_stopped_part_way_leaves_the_earlier_report_as_it_was(tmp_path, monkeypatch):
+    # Before: the earlier page was deleted first and its figures overwritten one
+    # by one, so a stopped rerun lost the earlier report (and left a mix).
+    earlier = {"index.html": b"<html>an earlier model's report</html>", "kl_per_layer.json": b"{}",
+               "kl_per_layer.png": b"png", "samples.json": b"{}", "notes.txt": b"the user's"}
+    for file, data in earlier.items():
+        (tmp_path / file).write_bytes(data)
 
     def stop(*args, **kwargs):
         raise KeyboardInterrupt
@@ -386,7 +397,16 @@ def test_a_rerun_stopped_part_way_leaves_no_earlier_page(tmp_path, monkeypatch):
     monkeypatch.setattr(figures, "depthwise_attention", stop)
     with pytest.raises(KeyboardInterrupt):
         write_report(tiny_model(), shapes_batch(4), tmp_path, seed=np.int64(3), progress=False)
-    assert (tmp_path / "kl_per_layer.json").exists() and not (tmp_path / "index.html").exists()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == earlier  # no staging folder left either
+
+
+def test_an_out_dir_that_is_a_file_is_refused_naming_it(tmp_path):
+    # Before: mkdir's "[Errno 17] File exists", naming neither `out_dir` nor the problem.
+    page = tmp_path / "report.html"
+    page.write_text("mine")
+    with pytest.raises(ValueError, match=r"`out_dir` must be a folder.*not a file. Received: out_dir='.*report.html'"):
+        write_report(tiny_model(), shapes_batch(4), page, progress=False)
+    assert page.read_text() == "mine"
 
 
 def test_jsonable_is_strict_json_with_exact_float32():

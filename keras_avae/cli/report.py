@@ -50,6 +50,10 @@ def _cmd_report(args):
         raise UsageError(f"report needs a hierarchical VAE (KL per layer, attention); {args.name} is a "
                          f"{zoo.describe(args.name)['family']}. Received: {args.name!r}")
     _check_dir(args.data_dir, "--data-dir")
+    # Before the model and data load: it failed after them with mkdir's "File exists".
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UsageError(f"--out: the report is a folder (index.html, a PNG and a JSON per figure), and "
+                         f"{args.out!r} is a file. Received: --out {args.out!r}")
     if args.run is not None and not os.path.isfile(os.path.join(args.run, "history.csv")):
         raise UsageError(f"--run: no history.csv in the run folder: {os.path.join(args.run, 'history.csv')!r}")
     _check_weights(args)

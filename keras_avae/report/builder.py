@@ -8,10 +8,16 @@ not depend on which figures came before it, and the same `seed` at the
 same `batch_size` gives the same report (the KL and attention figures draw
 their posterior samples batch by batch, so their numbers follow
 `batch_size`).
+
+The figures are written into a hidden folder of the report folder and moved
+in only when all are done, so a report stopped part-way leaves an earlier
+report in the same folder as it was.
 """
 
 import contextlib
+import os
 import pathlib
+import shutil
 import time
 
 import keras
@@ -26,6 +32,8 @@ from keras_avae.report import figures
 from keras_avae.report import grids
 from keras_avae.report.history import read_history
 from keras_avae.report.page import write_page
+from keras_avae.training.atomic_files import _fsync
+from keras_avae.training.atomic_files import _process_alive
 
 # The seed-generator stream of each random step: state (seed, stream << 20),
 # so the steps draw disjoint runs of seeds. The sample grids of temperature
@@ -51,6 +59,10 @@ _FIGURES = (
     "reconstructions",
     "interpolations",
 )
+
+
+# The hidden folder of `out_dir` a report's figures are written to first.
+_STAGING = ".partial-report-"
 
 
 @contextlib.contextmanager
@@ -120,6 +132,49 @@ class _Steps:
             self.bar.update(self.done)
 
 
+def _check_out_dir(out_dir):
+    out = pathlib.Path(out_dir)
+    if out.exists() and not out.is_dir():
+        # mkdir's "File exists" named neither the argument nor the problem.
+        raise ValueError(
+            "`out_dir` must be a folder (the report writes index.html and a PNG and a JSON per figure into it), "
+            f"not a file. Received: out_dir={str(out_dir)!r}, an existing file"
+        )
+    return out
+
+
+@contextlib.contextmanager
+def _staging(out):
+    """A fresh folder `out/.partial-report-PID` for the figures, removed afterwards whatever happened."""
+    for stale in out.glob(_STAGING + "*"):
+        pid = stale.name[len(_STAGING) :]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)  # left by a killed report
+    stage = out / f"{_STAGING}{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    try:
+        yield stage
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _publish(stage, out, records):
+    """Moves the finished figures from `stage` into `out` and removes the earlier report's others."""
+    # The earlier page goes first: a kill in this short window leaves no page
+    # presenting the new figures beside old ones.
+    (out / "index.html").unlink(missing_ok=True)
+    for record in records:
+        for key in ("png", "json"):
+            os.replace(stage / record[key], out / record[key])
+    # A figure an earlier report wrote into this folder and this one left
+    # out must not stay beside the page as if it were this model's.
+    for stale in set(_FIGURES) - {r["name"] for r in records}:
+        for suffix in (".png", ".json"):
+            (out / (stale + suffix)).unlink(missing_ok=True)
+    _fsync(out)
+
+
 def _checked_arguments(model, images, temperatures, counts, seed, query_pixels):
     """`write_report`'s arguments checked: `(images, temperatures, counts, query_pixels)`."""
     num_samples, num_reconstructions, num_interpolations, interpolation_steps, batch_size = counts
@@ -187,101 +242,22 @@ def _drawn_figures(
     return records
 
 
-def write_report(
-    model,
-    images,
-    out_dir,
-    run_dir=None,
-    name=None,
-    query_pixels=None,
-    temperatures=(0.6, 0.8, 1.0),
-    num_samples=25,
-    progress=True,
-    *,
-    num_reconstructions=16,
-    num_interpolations=4,
-    interpolation_steps=8,
-    seed=0,
-    batch_size=100,
-    info=None,
-):
-    """Writes a report folder: `index.html` and a PNG and JSON per figure.
-
-    Figures: training curves (with `run_dir`), KL per layer with active
-    units, depth-wise attention (models with it), non-local attention maps
-    of `query_pixels` on the first image (models with non-local blocks),
-    sample grids at each temperature with and without batch-norm
-    re-adjustment, reconstructions and interpolations. A figure that does
-    not apply is left out, and the page says why.
-
-    Args:
-        model: a `HierarchicalVAE` (a `DiscreteVAE` is refused: it has no
-            layers of KL, no attention and no temperature).
-        images: `(N, H, W, C)` images in the model's input range; all N are
-            scored, the first ones are drawn.
-        out_dir: the report folder (created if needed).
-        run_dir: a `keras-avae train` run folder whose `history.csv` gives
-            the training curves; `None` leaves them out.
-        name: the page's heading, default `model.name`.
-        query_pixels: `(row, col)` image pixels for the non-local maps;
-            default: 4 pixels spread over the first image's bright pixels.
-        temperatures: the sampling temperatures.
-        num_samples: samples per grid.
-        progress: show a `keras.utils.Progbar` over the steps.
-        num_reconstructions: images shown with their reconstructions.
-        num_interpolations: pairs of images interpolated (images 0-1, 2-3, ...).
-        interpolation_steps: images per interpolation, endpoints included.
-        seed: seeds every random step (see the module docstring).
-        batch_size: images per pass of the inspection functions; the KL
-            and attention numbers depend on it (see the module docstring).
-        info: dict of extra rows for the page's header (weights, data, ...).
-
-    Returns:
-        A dict: `"index"` (the page's path), `"figures"` (name -> record
-        with the `"png"` and `"json"` paths), `"skipped"` (name -> reason)
-        and `"seconds"`.
-
-    Example:
-
-    >>> import keras_avae
-    >>> model = keras_avae.zoo.load("mnist-attentive-small", seed=0)  # doctest: +SKIP
-    >>> x = keras_avae.datasets.mnist_test_sample(100)  # doctest: +SKIP
-    >>> report = write_report(model, x, "report")  # doctest: +SKIP
-    >>> sorted(report["figures"])  # doctest: +SKIP
-    ['depthwise_attention', 'interpolations', 'kl_per_layer', 'nonlocal_attention', 'reconstructions', 'samples']
-    """
+def _written_figures(model, x, history, temperatures, counts, seed, query_pixels, out, progress):
+    """Computes and writes every figure that applies into `out`: `(records, skipped, notes)`."""
     from keras_avae import inspection
 
-    start = time.time()
-    x, temperatures, counts, query_pixels = _checked_arguments(
-        model,
-        images,
-        temperatures,
-        (num_samples, num_reconstructions, num_interpolations, interpolation_steps, batch_size),
-        seed,
-        query_pixels,
-    )
     num_samples, num_reconstructions, num_interpolations, interpolation_steps, batch_size = counts
-    history = read_history(run_dir) if run_dir is not None else None  # a missing file fails first
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    # An earlier report's page goes first: a run stopped part-way must not
-    # leave it presenting this model's new figures beside its old ones.
-    (out / "index.html").unlink(missing_ok=True)
-
     crop, pixel_range = model.crop, model.pixel_range
     has_generative = any(cell.attend is not None for cell in model.prior_cells)
     has_inference = any(cell.attend is not None for cell in model.posterior_cells)
     pairs = [(2 * i, 2 * i + 1) for i in range(min(num_interpolations, len(x) // 2))]
-    total = 6 + 2 * len(temperatures)
-    steps = _Steps(total, progress)
-    records, notes = [], []
+    steps = _Steps(6 + 2 * len(temperatures), progress)
+    records, notes, skipped = [], [], {}
 
     def skip(key, title, reason):
         notes.append((title, reason))
         skipped[key] = reason
 
-    skipped = {}
     if history is not None:
         records.append(figures.training_curves(history, out))
     else:
@@ -314,7 +290,91 @@ def write_report(
     records += _drawn_figures(
         model, x, temperatures, num_samples, num_reconstructions, pairs, interpolation_steps, seed, out, steps
     )
+    return records, skipped, notes
 
+
+def write_report(
+    model,
+    images,
+    out_dir,
+    run_dir=None,
+    name=None,
+    query_pixels=None,
+    temperatures=(0.6, 0.8, 1.0),
+    num_samples=25,
+    progress=True,
+    *,
+    num_reconstructions=16,
+    num_interpolations=4,
+    interpolation_steps=8,
+    seed=0,
+    batch_size=100,
+    info=None,
+):
+    """Writes a report folder: `index.html` and a PNG and JSON per figure.
+
+    Figures: training curves (with `run_dir`), KL per layer with active
+    units, depth-wise attention (models with it), non-local attention maps
+    of `query_pixels` on the first image (models with non-local blocks),
+    sample grids at each temperature with and without batch-norm
+    re-adjustment, reconstructions and interpolations. A figure that does
+    not apply is left out, and the page says why.
+
+    Args:
+        model: a `HierarchicalVAE` (a `DiscreteVAE` is refused: it has no
+            layers of KL, no attention and no temperature).
+        images: `(N, H, W, C)` images in the model's input range; all N are
+            scored, the first ones are drawn.
+        out_dir: the report folder (created if needed). The figures go in
+            when all are written: a report stopped part-way leaves the
+            folder as it was.
+        run_dir: a `keras-avae train` run folder whose `history.csv` gives
+            the training curves; `None` leaves them out.
+        name: the page's heading, default `model.name`.
+        query_pixels: `(row, col)` image pixels for the non-local maps;
+            default: 4 pixels spread over the first image's bright pixels.
+        temperatures: the sampling temperatures.
+        num_samples: samples per grid.
+        progress: show a `keras.utils.Progbar` over the steps.
+        num_reconstructions: images shown with their reconstructions.
+        num_interpolations: pairs of images interpolated (images 0-1, 2-3, ...).
+        interpolation_steps: images per interpolation, endpoints included.
+        seed: seeds every random step (see the module docstring).
+        batch_size: images per pass of the inspection functions; the KL
+            and attention numbers depend on it (see the module docstring).
+        info: dict of extra rows for the page's header (weights, data, ...).
+
+    Returns:
+        A dict: `"index"` (the page's path), `"figures"` (name -> record
+        with the `"png"` and `"json"` paths), `"skipped"` (name -> reason)
+        and `"seconds"`.
+
+    Example:
+
+    >>> import keras_avae
+    >>> model = keras_avae.zoo.load("mnist-attentive-small", seed=0)  # doctest: +SKIP
+    >>> x = keras_avae.datasets.mnist_test_sample(100)  # doctest: +SKIP
+    >>> report = write_report(model, x, "report")  # doctest: +SKIP
+    >>> sorted(report["figures"])  # doctest: +SKIP
+    ['depthwise_attention', 'interpolations', 'kl_per_layer', 'nonlocal_attention', 'reconstructions', 'samples']
+    """
+    start = time.time()
+    x, temperatures, counts, query_pixels = _checked_arguments(
+        model,
+        images,
+        temperatures,
+        (num_samples, num_reconstructions, num_interpolations, interpolation_steps, batch_size),
+        seed,
+        query_pixels,
+    )
+    out = _check_out_dir(out_dir)
+    history = read_history(run_dir) if run_dir is not None else None  # a missing file fails first
+    out.mkdir(parents=True, exist_ok=True)
+    with _staging(out) as stage:
+        records, skipped, notes = _written_figures(
+            model, x, history, temperatures, counts, seed, query_pixels, stage, progress
+        )
+        _publish(stage, out, records)
     header = {
         "model": f"{type(model).__name__} {model.name!r}",
         "parameters": f"{sum(int(np.prod(w.shape)) for w in model.trainable_weights):,} trainable "
@@ -323,15 +383,12 @@ def write_report(
         "images used": f"{len(x)} images of shape {tuple(x.shape[1:])}",
         **(info or {}),
         "seed": seed,
+        # The KL and attention draws follow the batches: the seed alone does not reproduce them.
+        "batch size": f"{counts[-1]} images per pass",
         "backend": keras.backend.backend(),
     }
     if run_dir is not None:
         header["run folder"] = str(run_dir)
-    # A figure an earlier report wrote into this folder and this one left
-    # out must not stay beside the page as if it were this model's.
-    for stale in set(_FIGURES) - {r["name"] for r in records}:
-        for suffix in (".png", ".json"):
-            (out / (stale + suffix)).unlink(missing_ok=True)
     index = write_page(out, name or model.name, header, records, notes)
     return {
         "index": str(index),
