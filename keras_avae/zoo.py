@@ -183,6 +183,23 @@ def _architecture_changes(name, overrides):
     return _changes(_family(entry["family"]), entry["config"], overrides)
 
 
+def _config_differences(recorded, built, ignore=()):
+    """The keys of a recorded config (a run's `run.json`) whose values differ in `built`, a model's config.
+
+    Keys that only one of them holds, the neutral ones (`_NEUTRAL_OVERRIDES`)
+    and those of `ignore` are not compared; values are compared in their
+    JSON-like form (`_normalized`).
+    """
+    return [
+        key
+        for key, value in recorded.items()
+        if key in built
+        and key not in _NEUTRAL_OVERRIDES
+        and key not in ignore
+        and _normalized(value) != _normalized(built[key])
+    ]
+
+
 def _changes(family, config, overrides):
     """`{key: (override, current)}` for the overrides that change a `family` model with `config`."""
     defaults = {

@@ -169,6 +169,26 @@ def test_report_out_that_is_a_file_is_refused_before_loading(tmp_path, capsys, m
     assert page.read_text() == "mine"
 
 
+def test_report_run_of_another_entry_is_refused_before_loading(tmp_path, capsys, monkeypatch):
+    # Before: the baseline run's curves were drawn beside the attentive model's figures, silently.
+    from keras_avae.cli import report as cli_report
+
+    def no_load(args):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(cli_report, "_load_model", no_load)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "history.csv").write_text("epoch,loss\n1,2.0\n")
+    (run / "run.json").write_text(json.dumps({"model": "mnist-baseline-small", "config": {"num_layers": 2}}))
+    argv = ["report", "mnist-attentive-small", "--weights", "pretrained", "--data-dir", str(tmp_path),
+            "--out", str(tmp_path / "out"), "--run", str(run)]
+    status, _, err = run_main(argv, capsys)
+    assert status == 2
+    assert_one_line_error(err, "--run", "'mnist-baseline-small'", "'mnist-attentive-small'")
+    assert not (tmp_path / "out").exists()
+
+
 def test_corrupt_weights_file_is_one_line(tmp_path, capsys):
     bad = tmp_path / "broken.weights.h5"
     bad.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\x00" * 64)

@@ -308,6 +308,29 @@ def test_missing_history_names_the_path(tmp_path):
     assert not (tmp_path / "out").exists()  # refused before anything was computed or written
 
 
+def test_a_run_folder_of_another_model_is_refused_naming_it(tmp_path):
+    # Before: its history.csv was drawn as this model's training curves, silently.
+    model = tiny_model()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "history.csv").write_text(HISTORY)
+    config = {k: v for k, v in model.get_config().items() if k != "name"}
+    # Another architecture; the feature seed and the sampling seed are not architecture.
+    other = dict(config, num_layers=config["num_layers"] + 1, nonlocal_feature_seed=7, seed=9)
+    (run_dir / "run.json").write_text(json.dumps({"model": "tiny", "config": other}, default=str))
+    with pytest.raises(ValueError, match="run_dir") as error:
+        write_report(model, shapes_batch(4), tmp_path / "out", run_dir=run_dir, progress=False)
+    message = str(error.value)
+    assert str(run_dir) in message and "num_layers" in message
+    assert "nonlocal_feature_seed" not in message and "seed=" not in message.split("Received")[0]
+    assert not (tmp_path / "out").exists()  # refused before anything was computed or written
+
+    from keras_avae.report.history import check_run_trained
+
+    (run_dir / "run.json").write_text(json.dumps({"model": "tiny", "config": config}, default=str))
+    check_run_trained(run_dir, model)  # the run that trained it: no error
+
+
 # ---------------------------------------------------------------------- #
 # The page
 # ---------------------------------------------------------------------- #

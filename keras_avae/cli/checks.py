@@ -62,11 +62,7 @@ def _check_against_run_record(weights, model, weights_fit=True):
         return
     recorded = record.get("config", {})
     built = model.get_config()
-    differing = [
-        key
-        for key, value in recorded.items()
-        if key in built and key not in zoo._NEUTRAL_OVERRIDES and zoo._normalized(value) != zoo._normalized(built[key])
-    ]
+    differing = zoo._config_differences(recorded, built)
     if differing:
         trained = ", ".join(f"{key}={recorded[key]!r} (this model: {built[key]!r})" for key in differing)
         sets = " ".join(f"--set {key}={json.dumps(recorded[key])}" for key in differing)

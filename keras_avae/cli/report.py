@@ -1,5 +1,6 @@
 """`keras-avae report`: its flags and the command, an offline HTML page of figures (`keras_avae.report`)."""
 
+import json
 import os
 import sys
 
@@ -42,6 +43,29 @@ def _add_report_parser(commands, backend):
     report.add_argument("--set", action="append", metavar="KEY=VALUE", help=_set_help("a model config value"))
 
 
+def _check_run_entry(args):
+    """Refuses a `--run` that trained another zoo entry, before the model and data load.
+
+    A run folder without `run.json` (a `history.csv` alone) is taken as
+    given, as before: nothing in it says which model it trained.
+    `--weights RUN/model.weights.h5 --run RUN` agrees by construction.
+    """
+    from keras_avae import zoo
+
+    try:  # without Keras, which the backend import comes before; a damaged file is named after it
+        with open(os.path.join(args.run, "run.json")) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return
+    entry = record.get("model") if isinstance(record, dict) else None
+    if entry in zoo.names() and entry != args.name:  # a Python run of a model object names its class
+        raise UsageError(
+            f"--run {args.run}: its run.json records a run of {entry!r}, not of {args.name!r}, the model "
+            f"reported: its training curves would sit beside another model's figures. Pass a run folder of "
+            f"{args.name}, or leave out --run. Received: --run {args.run!r}"
+        )
+
+
 def _cmd_report(args):
     from keras_avae import zoo
 
@@ -58,10 +82,18 @@ def _cmd_report(args):
         raise UsageError(f"--run: no history.csv in the run folder: {os.path.join(args.run, 'history.csv')!r}")
     _check_weights(args)
     _parse_sets(args.set)
+    if args.run is not None:
+        _check_run_entry(args)
     _import_backend(args, tensorflow=True)
     from keras_avae import report
+    from keras_avae.report.history import check_run_trained
 
     model = _load_model(args)
+    if args.run is not None:
+        try:  # the architecture (--set), before the data load
+            check_run_trained(args.run, model, name="--run")
+        except ValueError as error:
+            raise UsageError(str(error)) from None
     data = zoo.describe(args.name)["dataset"]
     images, source = report.load_images(
         data, args.data_dir, args.split, args.num_images, seed=args.seed, resize_images=args.resize_images

@@ -30,6 +30,7 @@ from keras_avae._validation import check_temperature
 from keras_avae._validation import is_integer
 from keras_avae.report import figures
 from keras_avae.report import grids
+from keras_avae.report.history import check_run_trained
 from keras_avae.report.history import read_history
 from keras_avae.report.page import write_page
 from keras_avae.training.atomic_files import _fsync
@@ -329,7 +330,9 @@ def write_report(
             when all are written: a report stopped part-way leaves the
             folder as it was.
         run_dir: a `keras-avae train` run folder whose `history.csv` gives
-            the training curves; `None` leaves them out.
+            the training curves; `None` leaves them out. A folder whose
+            `run.json` records another architecture than `model`'s is
+            refused (`ValueError`); one without `run.json` is taken as given.
         name: the page's heading, default `model.name`.
         query_pixels: `(row, col)` image pixels for the non-local maps;
             default: 4 pixels spread over the first image's bright pixels.
@@ -369,6 +372,8 @@ def write_report(
     )
     out = _check_out_dir(out_dir)
     history = read_history(run_dir) if run_dir is not None else None  # a missing file fails first
+    if run_dir is not None:
+        check_run_trained(run_dir, model)
     out.mkdir(parents=True, exist_ok=True)
     with _staging(out) as stage:
         records, skipped, notes = _written_figures(

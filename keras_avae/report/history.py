@@ -4,9 +4,54 @@ import math
 import pathlib
 import re
 
+from keras_avae.training.run_folder import _read_record
 from keras_avae.training.run_folder import _read_whole_csv_rows
 
 HISTORY = "history.csv"
+RUN_RECORD = "run.json"
+# Not compared with a run's record: the FAVOR+ features' draw is no part of
+# the architecture (the weights' own run.json check covers it), so a run of
+# the same entry gives the curves of the pretrained weights' architecture.
+_NOT_ARCHITECTURE = ("nonlocal_feature_seed",)
+
+
+def check_run_trained(run_dir, model, name="run_dir"):
+    """Refuses a run folder whose `run.json` records another model than `model`.
+
+    Compares the recorded config with `model.get_config()` as the CLI's
+    `--weights` check does (`zoo._config_differences`): the architecture,
+    not the training-only or sampling settings. A folder without `run.json`
+    (a `history.csv` alone, as older or hand-made folders have) says
+    nothing about its model and passes, as before; a damaged one is refused.
+
+    Example:
+
+    >>> from keras_avae import zoo
+    >>> check_run_trained("runs/mnist-baseline", zoo.load("mnist-attentive-small"))  # doctest: +SKIP
+    Traceback (most recent call last):
+    ...
+    ValueError: `run_dir` 'runs/mnist-baseline' trained another architecture than this model's: ...
+
+    Raises:
+        ValueError: naming `name` (the argument: `run_dir`, or the CLI's
+            `--run`) and `run_dir`, the recorded model and the keys that
+            differ, with their recorded and current values.
+    """
+    from keras_avae import zoo
+
+    record = _read_record(pathlib.Path(run_dir) / RUN_RECORD)
+    recorded = (record or {}).get("config")
+    if not isinstance(recorded, dict):
+        return
+    built = model.get_config()
+    differing = zoo._config_differences(recorded, built, ignore=_NOT_ARCHITECTURE)
+    if differing:
+        details = ", ".join(f"{key}={recorded[key]!r} (this model: {built[key]!r})" for key in differing)
+        raise ValueError(
+            f"`{name}` {str(run_dir)!r} trained another architecture than this model's: its run.json records "
+            f"{record.get('model')!r} with {details}, so its history.csv is not this model's training. Pass "
+            f"the run folder that trained this model, or no {name}. Received: {name}={str(run_dir)!r}"
+        )
 
 
 def read_history(run_dir):
