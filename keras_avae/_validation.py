@@ -14,6 +14,7 @@ models import, can use it too. The layers check their constructor
 arguments' numbers and seeds with the helpers at the end.
 """
 
+import collections.abc
 import math
 import numbers
 import sys
@@ -41,6 +42,53 @@ def concrete_numpy(value, name):
         ) from None
 
 
+def check_not_a_stream_of_batches(x, name):
+    """Raises `ValueError` naming `name` and its type when `x` is a dataset, generator or iterator of batches.
+
+    The inference methods (`log_likelihood`, `encode`, `reconstruct`, the
+    `inspection` functions) take one batch. NumPy wraps a `tf.data.Dataset`
+    or a generator in a 0-d object array, so these were refused as
+    "`x` must be a numeric array of images. Received: x of dtype object with
+    shape ()", which names neither what was passed nor what to do.
+
+    Example:
+
+    >>> check_not_a_stream_of_batches((b for b in []), "x")
+    Traceback (most recent call last):
+    ...
+    ValueError: `x` must be one batch of images, an array or tensor of shape (batch, H, W, C). Received: x of type generator, ...
+    """
+    kinds = [collections.abc.Iterator]
+    for module, names in (
+        ("tensorflow", ("data.Dataset",)),
+        ("keras", ("utils.PyDataset",)),
+        ("torch", ("utils.data.DataLoader", "utils.data.Dataset")),
+    ):
+        root = sys.modules.get(module)  # only a library already imported can have made `x`
+        for dotted in names if root is not None else ():
+            kind = root
+            for part in dotted.split("."):
+                kind = getattr(kind, part, None)
+            if isinstance(kind, type):
+                kinds.append(kind)
+    if isinstance(x, tuple(kinds)):
+        raise ValueError(
+            f"`{name}` must be one batch of images, an array or tensor of shape (batch, H, W, C). Received: "
+            f"{name} of type {type(x).__name__}, a stream of batches: call the method on each batch "
+            "(`keras_avae.evaluation.score_batches` scores an iterable of batches)"
+        )
+
+
+def concrete_images(x, name):
+    """`concrete_numpy` of images, refusing a stream of batches by name (`check_not_a_stream_of_batches`).
+
+    >>> concrete_images(np.zeros((1, 2, 2, 1)), "x").shape
+    (1, 2, 2, 1)
+    """
+    check_not_a_stream_of_batches(x, name)
+    return concrete_numpy(x, name)
+
+
 def check_images(x, image_shape, pixel_range, name="x", allow_non_finite=False, single_image=False):
     """Checks a batch of images and returns it as a float32 NumPy array.
 
@@ -61,7 +109,7 @@ def check_images(x, image_shape, pixel_range, name="x", allow_non_finite=False, 
     ...
     ValueError: `x` contains 32 non-finite values (NaN or inf), in images [0, 1]. Received: x with shape (2, 4, 4, 1)
     """
-    array = concrete_numpy(x, name)
+    array = concrete_images(x, name)
     if not is_real_dtype(array.dtype):
         raise ValueError(
             f"`{name}` must be a numeric array of images. Received: {name} of dtype {array.dtype} "

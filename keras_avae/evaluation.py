@@ -10,13 +10,11 @@ instead of being killed.
 full MNIST evaluation with K = 100 takes hours on a CPU.
 """
 
-import collections.abc
 import functools
 import hashlib
 import json
 import math
 import os
-import sys
 import time
 import warnings
 
@@ -27,7 +25,7 @@ from keras_avae import inference_passes
 from keras_avae._validation import check_finite_outputs
 from keras_avae._validation import check_images
 from keras_avae._validation import check_positive_int
-from keras_avae._validation import concrete_numpy
+from keras_avae._validation import concrete_images
 from keras_avae._validation import is_integer
 from keras_avae._validation import is_narrow_float
 
@@ -147,51 +145,13 @@ def _plan_within(batch, num_samples, chunk_size, max_rows):
 
 def _checked_images(model, x, name):
     """`x` as a checked float32 NumPy batch; only made concrete for a model without image metadata."""
-    check_not_a_stream_of_batches(x, name)
     if hasattr(model, "image_shape") and hasattr(model, "pixel_range"):
-        received = concrete_numpy(x, name)  # its dtype: a float narrower than float32 rounds the levels
+        received = concrete_images(x, name)  # its dtype: a float narrower than float32 rounds the levels
         x = check_images(received, model.image_shape, model.pixel_range, name=name)
         if hasattr(model, "pixel_levels"):
             x = _check_pixel_levels(x, model.pixel_range, model.pixel_levels, name, received.dtype)
         return x
-    return concrete_numpy(x, name)
-
-
-def check_not_a_stream_of_batches(x, name):
-    """Raises `ValueError` naming `name` and its type when `x` is a dataset, generator or iterator of batches.
-
-    The inference methods (`log_likelihood`, `encode`, `reconstruct`, the
-    `inspection` functions) take one batch. NumPy wraps a `tf.data.Dataset`
-    or a generator in a 0-d object array, so these were refused as
-    "`x` must be a numeric array of images. Received: x of dtype object with
-    shape ()", which names neither what was passed nor what to do.
-
-    Example:
-
-    >>> check_not_a_stream_of_batches((b for b in []), "x")
-    Traceback (most recent call last):
-    ...
-    ValueError: `x` must be one batch of images, an array or tensor of shape (batch, H, W, C). Received: x of type generator, ...
-    """
-    kinds = [collections.abc.Iterator]
-    for module, names in (
-        ("tensorflow", ("data.Dataset",)),
-        ("keras", ("utils.PyDataset",)),
-        ("torch", ("utils.data.DataLoader", "utils.data.Dataset")),
-    ):
-        root = sys.modules.get(module)  # only a library already imported can have made `x`
-        for dotted in names if root is not None else ():
-            kind = root
-            for part in dotted.split("."):
-                kind = getattr(kind, part, None)
-            if isinstance(kind, type):
-                kinds.append(kind)
-    if isinstance(x, tuple(kinds)):
-        raise ValueError(
-            f"`{name}` must be one batch of images, an array or tensor of shape (batch, H, W, C). Received: "
-            f"{name} of type {type(x).__name__}, a stream of batches: call the method on each batch "
-            "(`keras_avae.evaluation.score_batches` scores an iterable of batches)"
-        )
+    return concrete_images(x, name)
 
 
 def _check_pixel_levels(x, pixel_range, levels, name, received_dtype=None):

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_avae._validation import is_finite_real
+from keras_avae._validation import check_finite_number
 
 
 @keras.saving.register_keras_serializable(package="keras_avae")
@@ -31,8 +31,7 @@ class LayerNormGelu(keras.layers.Layer):
         # Checked here, as `DepthwiseAttend` does: Keras' LayerNormalization
         # takes any epsilon, and a negative or NaN one gave NaN outputs
         # silently (a string, a TypeError at the first call).
-        if not (is_finite_real(epsilon) and epsilon > 0):
-            raise ValueError(f"`epsilon` must be a positive number. Received: epsilon={epsilon!r}")
+        check_finite_number(epsilon, "epsilon", lambda v: v > 0, "> 0")
         self.epsilon = float(epsilon)  # NumPy's too, stored as a Python float
         self.regularizer = keras.regularizers.get(regularizer)
         self.norm = keras.layers.LayerNormalization(

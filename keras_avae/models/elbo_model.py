@@ -11,7 +11,6 @@ from keras import ops
 
 from keras_avae import host_memory
 from keras_avae._validation import check_images
-from keras_avae.evaluation import check_not_a_stream_of_batches
 from keras_avae.evaluation import importance_sampled_log_likelihood
 from keras_avae.keras_compat import portable_compile_config
 from keras_avae.models import dataset_checks
@@ -253,7 +252,6 @@ class ELBOModel(PresetMixin, keras.Model):
         image, returned as a batch of one). bfloat16 images are taken as
         their float32 values.
         """
-        check_not_a_stream_of_batches(x, name)  # a dataset or generator: named as such, not as a 0-d object array
         checked = check_images(x, self.image_shape, self.pixel_range, name=name, single_image=single_image)
         return ops.convert_to_tensor(checked)
 

@@ -15,9 +15,8 @@ from keras_avae._validation import check_bool
 from keras_avae._validation import check_finite_outputs
 from keras_avae._validation import check_positive_int
 from keras_avae._validation import check_temperature
-from keras_avae._validation import concrete_numpy
+from keras_avae._validation import concrete_images
 from keras_avae._validation import to_numpy
-from keras_avae.evaluation import check_not_a_stream_of_batches
 from keras_avae.models.batch_norm_statistics import readjusted_batch_norm
 
 
@@ -172,11 +171,7 @@ class HierarchicalInference:
         Every message names the argument and the shape it was received
         with, not that of the batch of one a single image is checked as.
         """
-        ends = []
-        for x, name in ((x_a, "x_a"), (x_b, "x_b")):
-            check_not_a_stream_of_batches(x, name)
-            ends.append(concrete_numpy(x, name))
-        x_a, x_b = ends
+        x_a, x_b = concrete_images(x_a, "x_a"), concrete_images(x_b, "x_b")
         if x_a.ndim not in (3, 4):
             h, w, c = self.image_shape
             raise ValueError(
