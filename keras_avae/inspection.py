@@ -170,6 +170,9 @@ def depthwise_attention(model, x, batch_size=100):
           row l is layer l's weights averaged over images and pixels, placed
           at the columns of the layers it attends to (zeros elsewhere; the
           generative row 0 is all zeros).
+        - `"attended"`: bool, the shape of `"matrix"`: True at the cells
+          that hold a layer's weight (a weight that rounds to 0 is still
+          attended; a cell outside the model's structure is not).
         - `"gates"`: float32 `(L,)`, each layer's learned gate on its
           attention output (0: the attention does not reach the layer; the
           generative layer 0 has none and shows 0).
@@ -208,14 +211,16 @@ def depthwise_attention(model, x, batch_size=100):
         per_pixel = [np.concatenate(parts) if parts else None for parts in collected[kind]]
         check_finite_outputs([w for w in per_pixel if w is not None], f"images' {kind} attention weights")
         matrix = np.zeros((L, L if kind == "generative" else L + 1), np.float32)
+        attended = np.zeros(matrix.shape, bool)
         for layer, weights in enumerate(per_pixel):
             if weights is not None:
                 first = 0 if kind == "generative" else layer
                 matrix[layer, first : first + weights.shape[-1]] = weights.mean(axis=(0, 1, 2))
+                attended[layer, first : first + weights.shape[-1]] = True
         cells = [None, *model.prior_cells] if kind == "generative" else model.posterior_cells
         gate_weights = [None if cell is None else cell.gate for cell in cells]
         gates = np.array([0.0 if g is None else float(to_numpy(g)) for g in gate_weights], np.float32)
-        out[kind] = {"per_pixel": per_pixel, "matrix": matrix, "gates": gates}
+        out[kind] = {"per_pixel": per_pixel, "matrix": matrix, "attended": attended, "gates": gates}
     return out
 
 

@@ -88,6 +88,8 @@ def test_depthwise_attention_weights_rows_and_matrix():
     np.testing.assert_allclose(inf["matrix"].sum(axis=1), [1.0, 1.0, 1.0], atol=1e-5)
     assert np.all(np.triu(gen["matrix"]) == 0)  # only earlier layers
     assert np.all(np.tril(inf["matrix"], k=-1) == 0)  # only itself and deeper
+    np.testing.assert_array_equal(gen["attended"], np.tril(np.ones((3, 3), bool), k=-1))
+    np.testing.assert_array_equal(inf["attended"], np.triu(np.ones((3, 4), bool)))
     np.testing.assert_allclose(inf["matrix"][1, 1:], inf["per_pixel"][1].mean(axis=(0, 1, 2)), rtol=1e-6)
     np.testing.assert_allclose(gen["gates"], [0.0, 0.7, 0.7], rtol=1e-6)
 

@@ -163,6 +163,34 @@ def test_attention_matrices_are_the_inspection_numbers_and_rows_sum_to_1(written
     np.testing.assert_allclose(inference.sum(axis=1), 1, atol=1e-5)
     assert all(np.all(inference[l, :l] == 0) for l in range(L))
     assert drawn["generative"]["gates"] == [0.0, 0.5, 0.5] and drawn["inference"]["gates"] == [0.5] * L
+    # The cells drawn as attended are the model's structure.
+    np.testing.assert_array_equal(drawn["generative"]["attended"], np.tril(np.ones((L, L), bool), k=-1))
+    np.testing.assert_array_equal(drawn["inference"]["attended"], np.triu(np.ones((L, L + 1), bool)))
+
+
+def test_an_attended_weight_that_rounds_to_0_is_drawn_not_greyed(tmp_path, monkeypatch):
+    # Before: cells were greyed where the mean weight was 0, as if layer 2
+    # could not attend to layer 0 when softmax gave it (in float32) nothing.
+    matrix = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0]], "float32")
+    drawn = {}
+    heatmap = figures._heatmap
+
+    def recording(axes, matrix, attended, *args):
+        image = heatmap(axes, matrix, attended, *args)
+        drawn["mask"] = np.ma.getmaskarray(image.get_array())
+        drawn["labels"] = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in axes.texts}
+        return image
+
+    monkeypatch.setattr(figures, "_heatmap", recording)
+    for attention in ({"matrix": matrix, "gates": np.zeros(3)},  # the structure by default
+                      {"matrix": matrix, "gates": np.zeros(3), "attended": np.tril(np.ones((3, 3), bool), k=-1)}):
+        record = figures.depthwise_attention({"generative": attention}, tmp_path)
+        np.testing.assert_array_equal(drawn["mask"], np.triu(np.ones((3, 3), bool)))
+        assert drawn["labels"] == {(1, 0): "1.00", (2, 0): "0.00", (2, 1): "1.00"}
+        saved = json.loads((tmp_path / record["json"]).read_text())["generative"]
+        assert saved["attended"] == [[False, False, False], [True, False, False], [True, True, False]]
+    with pytest.raises(ValueError, match=r"\['attended'\]` must have the shape of its matrix, \(3, 3\). Received: shape \(2,\)"):
+        figures.depthwise_attention({"generative": {**attention, "attended": [True, False]}}, tmp_path)
 
 
 def test_nonlocal_maps_are_the_inspection_numbers(written):

@@ -139,8 +139,28 @@ def kl_per_layer(kl, active, out_dir, name="kl_per_layer"):
     return save_figure(figure, out_dir, name, numbers, "KL per layer and active units", caption)
 
 
-def _heatmap(axes, matrix, title, xlabels, ylabel, xlabel):
-    masked = np.ma.masked_where(matrix == 0, matrix)
+def _attended(kind, attention):
+    """Where layers attend: the dict's `"attended"`, else the model's structure.
+
+    Not `matrix != 0`: a mean weight that rounds to 0 in float32 is still a
+    weight, and must not be drawn as a cell that cannot be attended.
+    """
+    matrix = np.asarray(attention["matrix"])
+    if "attended" in attention:
+        attended = np.asarray(attention["attended"], bool)
+        if attended.shape != matrix.shape:
+            raise ValueError(
+                f"`attention[{kind!r}]['attended']` must have the shape of its matrix, {matrix.shape}. "
+                f"Received: shape {attended.shape}"
+            )
+        return attended
+    rows, columns = np.indices(matrix.shape)
+    # Prior: layer l over the layers above it; posterior: over itself, the deeper ones and x.
+    return columns < rows if kind == "generative" else columns >= rows
+
+
+def _heatmap(axes, matrix, attended, title, xlabels, ylabel, xlabel):
+    masked = np.ma.masked_where(~attended, matrix)
     image = axes.imshow(masked, vmin=0.0, vmax=1.0, cmap="viridis")
     axes.set_facecolor("#dddddd")
     rows, columns = matrix.shape
@@ -148,7 +168,7 @@ def _heatmap(axes, matrix, title, xlabels, ylabel, xlabel):
     axes.set_xticklabels(xlabels)
     if rows * columns <= 400:
         for (row, column), value in np.ndenumerate(matrix):
-            if value != 0:
+            if attended[row, column]:
                 color = "white" if value < 0.6 else "black"
                 axes.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize=7, color=color)
     return image
@@ -159,14 +179,17 @@ def depthwise_attention(attention, out_dir, name="depthwise_attention"):
 
     Args:
         attention: the dict of `inspection.depthwise_attention`, holding
-            `"generative"` and/or `"inference"`, each with `"matrix"` and
-            `"gates"`.
+            `"generative"` and/or `"inference"`, each with `"matrix"`,
+            `"gates"` and optionally `"attended"` (default: the model's
+            structure, the layers above for the prior, the layer itself, the
+            deeper ones and the image for the posterior). Cells not attended
+            are grey.
         out_dir: the report folder.
         name: the file stem.
 
     Returns:
         The figure's record. The JSON holds, per kind present, `matrix`
-        (rows: the attending layer) and `gates`.
+        (rows: the attending layer), `attended` and `gates`.
 
     Example:
 
@@ -183,14 +206,17 @@ def depthwise_attention(attention, out_dir, name="depthwise_attention"):
     numbers, image = {}, None
     for axes, kind in zip(panels, kinds):
         matrix = np.asarray(attention[kind]["matrix"], "float32")
+        attended = _attended(kind, attention[kind])
         layers = matrix.shape[0]
         if kind == "generative":
             labels = [str(m) for m in range(matrix.shape[1])]
-            image = _heatmap(axes, matrix, "prior (generative)", labels, "attending layer l", "context of layer m < l")
+            titles = ("prior (generative)", "attending layer l", "context of layer m < l")
         else:
             labels = [str(m) for m in range(layers)] + ["x"]
-            image = _heatmap(axes, matrix, "posterior (inference)", labels, "attending layer l", "feature h_m (m >= l)")
-        numbers[kind] = {"matrix": matrix, "gates": np.asarray(attention[kind]["gates"], "float32")}
+            titles = ("posterior (inference)", "attending layer l", "feature h_m (m >= l)")
+        image = _heatmap(axes, matrix, attended, titles[0], labels, titles[1], titles[2])
+        gates = np.asarray(attention[kind]["gates"], "float32")
+        numbers[kind] = {"matrix": matrix, "attended": attended, "gates": gates}
     figure.colorbar(image, ax=list(panels[:-1]), shrink=0.8, label="mean attention weight")
     gates_axes = panels[-1]
     width = 0.8 / len(kinds)
