@@ -458,6 +458,11 @@ def test_an_out_dir_that_is_a_file_is_refused_naming_it(tmp_path):
     with pytest.raises(ValueError, match=r"`out_dir` must be a folder.*not a file. Received: out_dir='.*report.html'"):
         write_report(tiny_model(), shapes_batch(4), page, progress=False)
     assert page.read_text() == "mine"
+    # A new folder named like a page: the user meant a file, and would find a folder.
+    with pytest.raises(ValueError, match=r"named like a page file is refused. Pass a folder, e.g. out_dir='.*new'. "
+                       r"Received: out_dir='.*new.HTML'"):
+        write_report(tiny_model(), shapes_batch(4), tmp_path / "new.HTML", progress=False)
+    assert not (tmp_path / "new.HTML").exists()
 
 
 def test_jsonable_is_strict_json_with_exact_float32():
@@ -497,7 +502,8 @@ def test_report_command_end_to_end(tmp_path, capsys):
                                  "nonlocal_num_random_features=4"])
     out = tmp_path / "report"
     argv = ["report", "mnist-attentive-small", "--weights", str(weights), "--data-dir", str(data), "--out",
-            str(out), "--num-images", "5", "--num-samples", "4", "--temperatures", "0.7", "1", "--seed", "2"]
+            str(out), "--num-images", "5", "--num-samples", "4", "--temperatures", "0.7", "1", "--seed", "2",
+            "--every", "1"]
     status = cli.main(argv + set_args)
     captured = capsys.readouterr()
     assert status == 0, captured.err
@@ -520,6 +526,32 @@ def test_report_command_end_to_end(tmp_path, capsys):
                        "--out", str(out)])
     err = capsys.readouterr().err
     assert status == 2 and "hierarchical VAE" in err and len(err.strip().splitlines()) == 1
+    status = cli.main(argv[:4] + ["--data-dir", str(data), "--out", str(tmp_path / "page.html")])
+    err = capsys.readouterr().err
+    assert status == 2 and f"Pass e.g. --out {str(tmp_path / 'page')!r}" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "page.html").exists()
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="the command's own code is backend-independent")
+def test_report_command_names_the_images_and_the_pretrained_weights_file(tmp_path, capsys, monkeypatch):
+    # Before: the header said "weights: pretrained", not which file.
+    from keras_avae import cli, report
+    from tests.test_datasets import make_mnist_dir
+
+    make_mnist_dir(tmp_path, n_train=4, n_test=7)
+    written = {}
+
+    def record(model, images, out_dir, **kwargs):
+        written.update(kwargs["info"], drawn=images)
+        return {"index": str(out_dir), "figures": {}, "skipped": {}, "seconds": 0.0}
+
+    monkeypatch.setattr(report, "write_report", record)
+    argv = ["report", "mnist-attentive-small", "--weights", "pretrained", "--data-dir", str(tmp_path), "--out",
+            str(tmp_path / "report"), "--every", "3"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    assert written["weights"] == "the zoo's pretrained mnist-attentive-small.weights.h5"
+    assert written["images"].startswith("the first 3 of images 0, 3, 6, ... of the mnist test split")
+    assert len(written["drawn"]) == 3
 
 
 # ---------------------------------------------------------------------- #
@@ -587,3 +619,9 @@ def test_load_images_reads_the_first_images_of_either_split_in_any_batch_size(tm
     for num_images, batch_size in ((5, 2), (7, 3), (20, 4)):
         images, _ = load_images("mnist", tmp_path, split, num_images=num_images, batch_size=batch_size)
         np.testing.assert_array_equal(images, everything[:num_images])
+    # Spread over the split: the same binary images as the whole split's, every 3rd.
+    spread, text = load_images("mnist", tmp_path, split, num_images=500, every=3)
+    np.testing.assert_array_equal(spread, everything[::3])
+    assert f"the first 3 of images 0, 3, 6, ... of the mnist {split} split" in text
+    with pytest.raises(ValueError, match="`every` must be a positive int or None. Received: every=0"):
+        load_images("mnist", tmp_path, split, every=0)

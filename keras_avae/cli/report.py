@@ -30,6 +30,10 @@ def _add_report_parser(commands, backend):
                         "(default: no curves)")
     report.add_argument("--split", choices=("test", "train"), default="test", help="data split")
     report.add_argument("--num-images", type=_positive(int), default=500, help="the first N images of the split")
+    report.add_argument("--every", type=_positive(int),
+                        help="every K-th image of the split, before --num-images: images spread over the whole "
+                        "split, as `evaluate --every` (OMNIGLOT's test split is ordered by alphabet) "
+                        "(default: all)")
     report.add_argument("--resize-images", action="store_true", help=_RESIZE_HELP)
     report.add_argument("--temperatures", type=_positive(float), nargs="+",
                         help="sampling temperatures (default: 0.6 0.8 1.0)")
@@ -78,6 +82,10 @@ def _cmd_report(args):
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"--out: the report is a folder (index.html, a PNG and a JSON per figure), and "
                          f"{args.out!r} is a file. Received: --out {args.out!r}")
+    if not os.path.exists(args.out) and os.path.splitext(args.out)[1].lower() in (".html", ".htm"):
+        raise UsageError(f"--out: the report is a folder, its page is index.html inside it; a new folder named "
+                         f"like a page is refused. Pass e.g. --out {os.path.splitext(args.out)[0]!r}. "
+                         f"Received: --out {args.out!r}")
     if args.run is not None and not os.path.isfile(os.path.join(args.run, "history.csv")):
         raise UsageError(f"--run: no history.csv in the run folder: {os.path.join(args.run, 'history.csv')!r}")
     _check_weights(args)
@@ -96,9 +104,12 @@ def _cmd_report(args):
             raise UsageError(str(error)) from None
     data = zoo.describe(args.name)["dataset"]
     images, source = report.load_images(
-        data, args.data_dir, args.split, args.num_images, seed=args.seed, resize_images=args.resize_images
+        data, args.data_dir, args.split, args.num_images, seed=args.seed, resize_images=args.resize_images,
+        every=args.every,
     )
-    info = {"weights": args.weights, "images": source, "settings": " ".join(args.set or []) or "the entry's"}
+    pretrained = args.weights == "pretrained"
+    weights = f"the zoo's pretrained {zoo.pretrained_path(args.name).name}" if pretrained else args.weights
+    info = {"weights": weights, "images": source, "settings": " ".join(args.set or []) or "the entry's"}
     temperatures = args.temperatures or (0.6, 0.8, 1.0)
     written = report.write_report(
         model, images, args.out, run_dir=args.run, name=args.name, temperatures=temperatures,

@@ -141,6 +141,13 @@ def _check_out_dir(out_dir):
             "`out_dir` must be a folder (the report writes index.html and a PNG and a JSON per figure into it), "
             f"not a file. Received: out_dir={str(out_dir)!r}, an existing file"
         )
+    if not out.exists() and out.suffix.lower() in (".html", ".htm"):
+        # It would become a folder named like a page, the page inside it.
+        raise ValueError(
+            f"`out_dir` is the report's folder, and the page is written into it as index.html; a new folder "
+            f"named like a page file is refused. Pass a folder, e.g. out_dir={str(out.with_suffix(''))!r}. "
+            f"Received: out_dir={str(out_dir)!r}"
+        )
     return out
 
 

@@ -1,4 +1,4 @@
-"""The images a report scores and draws: the first N of a data set's split."""
+"""The images a report scores and draws: the first N of a data set's split, or of every k-th image."""
 
 import numpy as np
 
@@ -6,7 +6,9 @@ from keras_avae._validation import check_positive_int
 from keras_avae.datasets.binarization import _fixed_binarize
 
 
-def load_images(dataset, data_dir, split="test", num_images=500, seed=0, resize_images=False, batch_size=500):
+def load_images(
+    dataset, data_dir, split="test", num_images=500, seed=0, resize_images=False, batch_size=500, every=None
+):
     """The first `num_images` images of a split, as the models see them, with a description.
 
     The images go through `datasets.make_dataset` without shuffling: MNIST
@@ -22,6 +24,11 @@ def load_images(dataset, data_dir, split="test", num_images=500, seed=0, resize_
         seed: the binarisation seed.
         resize_images: bool, as in `datasets.load`.
         batch_size: images per batch read.
+        every: positive int or `None`: the first `num_images` of every
+            `every`-th image (the 0th, `every`-th, ...), a subset spread over
+            the split, as `keras-avae evaluate --every` scores. The OMNIGLOT
+            test split is ordered by alphabet: its first 500 images are
+            characters of 2 of its 20 alphabets.
 
     Returns:
         `(images, description)`: float32 `(N, H, W, C)` and one line saying
@@ -45,11 +52,13 @@ def load_images(dataset, data_dir, split="test", num_images=500, seed=0, resize_
         drop_remainder=False,  # every image, for the train split too
         seed=seed,
         limit=num_images,
+        every=every,
         resize_images=resize_images,
         # One fixed binary draw whatever the split ("auto" is dynamic for train).
         binarize=_fixed_binarize(dataset),
     )
     images = np.concatenate([np.asarray(batch, "float32") for batch in batches])
     binary = " statically binarised with seed " + str(seed) if dataset in ("mnist", "omniglot") else ""
-    description = f"the first {len(images)} images of the {dataset} {split} split in {data_dir}{binary}"
+    which = f"of images 0, {every}, {2 * every}, ... " if every is not None and every > 1 else "images "
+    description = f"the first {len(images)} {which}of the {dataset} {split} split in {data_dir}{binary}"
     return images, description
