@@ -526,6 +526,16 @@ def test_report_command_end_to_end(tmp_path, capsys):
                        "--out", str(out)])
     err = capsys.readouterr().err
     assert status == 2 and "hierarchical VAE" in err and len(err.strip().splitlines()) == 1
+    # A run of the same entry with another architecture (its own --set): refused by name, before the data load.
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "history.csv").write_text(HISTORY)
+    record = {"model": "mnist-attentive-small", "config": zoo.config("mnist-attentive-small")}
+    (run_dir / "run.json").write_text(json.dumps(record))
+    status = cli.main(argv + set_args + ["--run", str(run_dir)])
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"`--run` {str(run_dir)!r} trained another architecture" in err and "num_layers=" in err
     status = cli.main(argv[:4] + ["--data-dir", str(data), "--out", str(tmp_path / "page.html")])
     err = capsys.readouterr().err
     assert status == 2 and f"Pass e.g. --out {str(tmp_path / 'page')!r}" in err and len(err.strip().splitlines()) == 1
