@@ -82,7 +82,9 @@ class VAEHyperModel(keras_tuner.HyperModel):
         overrides: further fixed config values, e.g. `{"image_shape": ...}`.
             They may not set what a searched key sets (`filters` sets
             `preprocess_filters` and `decoder_filters`): map that key to
-            `None` in `search_space` to fix it instead.
+            `None` in `search_space` to fix it instead. Nor `seed` (the
+            `seed` argument sets it); a key the entry's config does not
+            have raises a `ValueError` listing the valid ones.
         jit_compile: `True`, `False` or `"auto"`, passed to `model.compile`.
 
     Example:
@@ -136,6 +138,15 @@ class VAEHyperModel(keras_tuner.HyperModel):
                 f"the floor the schedule decays to. Received: {self.search_space['learning_rate']!r}"
             )
         self.overrides = dict(overrides or {})
+        if "seed" in self.overrides:
+            # `build` passes its own `seed` to the model (zoo.load(..., seed=...)).
+            raise ValueError(
+                "`overrides` may not set 'seed': every trial's model is seeded with the hypermodel's `seed`. "
+                f"Pass VAEHyperModel(..., seed={self.overrides['seed']!r}) instead. "
+                f"Received: overrides={self.overrides!r}"
+            )
+        # Unknown keys (`weights` included) named here, not at the tuner's first build.
+        zoo.config(entry, **self.overrides)
         clashes = [
             f"overrides[{name!r}]={self.overrides[name]!r} vs search_space[{key!r}]={self.search_space[key]!r}"
             for key in self.search_space

@@ -157,6 +157,25 @@ def test_overrides_may_not_set_a_searched_key():
     assert hp.values["filters"] == model.preprocess_filters == model.decoder_filters
 
 
+def test_overrides_of_seed_or_unknown_keys_are_refused_at_construction():
+    # Before: accepted here, then the tuner's first `build` failed with
+    # "TypeError: zoo.load() got multiple values for keyword argument 'seed'"
+    # ('weights' alike), and other unknown keys at that build too.
+    with pytest.raises(
+        ValueError,
+        match=r"`overrides` may not set 'seed'.*VAEHyperModel\(\.\.\., seed=5\).*Received: overrides=\{'seed': 5\}$",
+    ):
+        VAEHyperModel(overrides={"seed": 5})
+    for key in ("weights", "num_layer"):
+        with pytest.raises(ValueError, match=rf"Unknown config override\(s\) \['{key}'\].*Received: \{{'{key}': 2\}}"):
+            VAEHyperModel(overrides={key: 2})
+    # The hypermodel's own `seed` seeds the model.
+    model = VAEHyperModel(steps_per_epoch=3, search_space=SPACE, overrides=TINY, seed=5).build(
+        hyperparameters(num_layers=1, filters=4)
+    )
+    assert model.seed == 5
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     keras.backend.backend() != "tensorflow",
