@@ -762,13 +762,16 @@ def test_train_resumed_on_another_device_count_says_which_batch_size_works(tmp_p
     assert status == 2
     assert_one_line_error(
         err, "batch_size: recorded 8, requested 4 (global batches: the per-replica --batch-size of "
-        "`keras-avae train` times the replicas, 2 then, 1 now; --batch-size 8 gives 8)"
+        "`keras-avae train` times the replicas, 2 then, 1 now; --batch-size 8 gives 8; `train` takes the global "
+        "batch: batch_size=8)"
     )
     status, _, err = run_main(argv + ["--batch-size", "8"], capsys)  # the hint's value resumes it
     assert status == 0 and "Nothing to train" in err, err
     # A global batch that the replicas now cannot make.
     (out / "run.json").write_text(json.dumps(dict(record, batch_size=10, replicas=2)))
-    with pytest.raises(ValueError, match=r"requested 9 \(.*replicas, 2 then, 3 now; no --batch-size gives 10 on 3\)"):
+    with pytest.raises(
+        ValueError, match=r"requested 9 \(.*replicas, 2 then, 3 now; no --batch-size gives 10 on 3, nor does batch_size=10 split"
+    ):
         _check_run_record(out / "run.json", dict(record, batch_size=9, replicas=3))
 
 

@@ -932,7 +932,10 @@ def test_resume_checks_each_setting_and_keeps_the_record(tmp_path):
         for fragment in fragments:
             assert fragment in message, message
 
-    refused(["batch_size: recorded 8, requested 4", "steps_per_epoch: recorded 2, requested 4"], batch_size=4)
+    refused(
+        ["batch_size: recorded 8, requested 4", "`train` takes the global batch: batch_size=8)", "steps_per_epoch"],
+        batch_size=4,
+    )
     refused(["recipe.learning_rate: recorded 0.01, requested 0.002"], learning_rate=2e-3)
     refused(["config.num_layers: recorded 2, requested 3"], config_overrides=dict(TINY, num_layers=3))
     refused(["data.limit: recorded None, requested 8"], data_info=dict(data, limit=8))
@@ -967,6 +970,23 @@ def test_resume_checks_each_setting_and_keeps_the_record(tmp_path):
     model = training.train("mnist-baseline", x, out, epochs=2, batch_size=8, data_info=data, **kwargs)
     assert int(numpy_of(model.optimizer.iterations)) == 4 and history_epochs(out) == ["1", "2"]
     assert json.loads((out / "run.json").read_text())["epochs"] == 2  # what was trained
+
+
+def test_a_resume_on_another_device_count_names_the_batch_size_train_takes(tmp_path):
+    """Before: the hint named `keras-avae train`'s per-replica flag only ("--batch-size 16 gives 32"), so a
+    `train` caller who passed batch_size=16 on 2 replicas was refused again: `train` takes the global batch."""
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"batch_size": 32, "replicas": 1}))  # `train` on one device, the recipe's batch
+    with pytest.raises(ValueError) as error:
+        training.run_folder._check_run_record(path, {"batch_size": 64, "replicas": 2})  # its default on 2 replicas
+    assert str(error.value).endswith(
+        "(batch_size: recorded 32, requested 64 (global batches: the per-replica --batch-size of `keras-avae train` "
+        "times the replicas, 1 then, 2 now; --batch-size 16 gives 32; `train` takes the global batch: batch_size=32)). "
+        "Resume it with the recorded settings, or use a new output folder."
+    )
+    training.run_folder._check_run_record(path, {"batch_size": 32, "replicas": 2})  # what the hint says resumes
+    with pytest.raises(ValueError, match=r"no --batch-size gives 32 on 3, nor does batch_size=32 split over 3\)"):
+        training.run_folder._check_run_record(path, {"batch_size": 30, "replicas": 3})
 
 
 def test_bad_recipe_value_is_refused_before_the_run_is_recorded(tmp_path):

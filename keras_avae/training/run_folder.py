@@ -37,10 +37,13 @@ _FREE_ENTRIES = {("config", "synchronized_batch_norm"), ("recipe", "max_nonfinit
 
 
 def _batch_size_hint(previous, record):
-    """What `keras-avae train --batch-size` (per replica) gives the recorded global batch on this device count.
+    """Which batch size resumes the recorded global batch on this device count.
 
     The message quotes global batches, which a resume on another device
-    count changes for the same `--batch-size`.
+    count changes for the same per-replica `keras-avae train --batch-size`;
+    `train(batch_size=...)` takes the global batch itself, so the two
+    answers differ (a Python caller given only the flag's value was
+    refused again).
     """
     recorded, replicas = previous["batch_size"], record.get("replicas")
     if not isinstance(recorded, int) or not isinstance(replicas, int) or replicas < 1:
@@ -49,9 +52,12 @@ def _batch_size_hint(previous, record):
     if previous.get("replicas") not in (None, replicas):
         counts = f"{previous['replicas']} then, {counts}"
     if recorded % replicas:
-        flag = f"no --batch-size gives {recorded} on {replicas}"
+        flag = f"no --batch-size gives {recorded} on {replicas}, nor does batch_size={recorded} split over {replicas}"
     else:
-        flag = f"--batch-size {recorded // replicas} gives {recorded}"
+        flag = (
+            f"--batch-size {recorded // replicas} gives {recorded}; `train` takes the global batch: "
+            f"batch_size={recorded}"
+        )
     return f" (global batches: the per-replica --batch-size of `keras-avae train` times the replicas, {counts}; {flag})"
 
 
