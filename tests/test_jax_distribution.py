@@ -12,6 +12,7 @@ checks run in process, on every backend.
 
 import json
 import os
+import re
 import signal
 
 import keras
@@ -76,9 +77,14 @@ def test_make_distribution_checks_kind_and_cpu_devices_as_make_strategy_does():
     for make in (training.make_strategy, training.make_distribution):
         with pytest.raises(ValueError, match=r"`kind` must be one of .*Received: kind='ring'"):
             make("ring")
-        for bad in (0, "2", True):
-            with pytest.raises(ValueError, match=rf"`cpu_devices` must be .*Received: cpu_devices={bad!r}$"):
+        for bad in (0, "2", True, np.True_, np.int64(0), 2.0):
+            with pytest.raises(ValueError, match=rf"`cpu_devices` must be .*Received: cpu_devices={re.escape(repr(bad))}$"):
                 make("mirrored", cpu_devices=bad)
+    # A NumPy int (a sweep over np.arange) is a count, passed on as a Python int.
+    from keras_avae.training.distribute import _check_kind_and_cpu_devices
+
+    checked = _check_kind_and_cpu_devices("mirrored", np.int64(2))
+    assert checked == 2 and type(checked) is int
 
 
 @jax_only

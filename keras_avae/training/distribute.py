@@ -14,6 +14,7 @@ import warnings
 
 import keras
 
+from keras_avae._validation import is_integer
 from keras_avae.keras_compat import multi_worker_scalar_log_reduction
 from keras_avae.training.jax_distribution import _is_data_parallel
 
@@ -82,7 +83,7 @@ def make_strategy(kind="auto", cpu_devices=None, *, coordinator_address=None, nu
 
     >>> strategy = make_strategy("one-device")  # doctest: +SKIP
     """
-    _check_kind_and_cpu_devices(kind, cpu_devices)
+    cpu_devices = _check_kind_and_cpu_devices(kind, cpu_devices)
     if BACKEND == "jax":
         from keras_avae.training.jax_distribution import make_distribution
 
@@ -144,11 +145,12 @@ def make_strategy(kind="auto", cpu_devices=None, *, coordinator_address=None, nu
 
 
 def _check_kind_and_cpu_devices(kind, cpu_devices):
-    """`make_strategy`'s and `make_distribution`'s checks of `kind` and `cpu_devices`."""
+    """`make_strategy`'s and `make_distribution`'s checks of `kind` and `cpu_devices`: `cpu_devices`."""
     if kind not in STRATEGIES:
         raise ValueError(f"`kind` must be one of {STRATEGIES}. Received: kind={kind!r}")
-    if cpu_devices is not None and (not isinstance(cpu_devices, int) or isinstance(cpu_devices, bool) or cpu_devices < 1):
+    if cpu_devices is not None and (not is_integer(cpu_devices) or cpu_devices < 1):
         raise ValueError(f"`cpu_devices` must be a positive int or None. Received: cpu_devices={cpu_devices!r}")
+    return None if cpu_devices is None else int(cpu_devices)  # a NumPy int as a Python int
 
 
 def _check_strategy(strategy):

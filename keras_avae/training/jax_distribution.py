@@ -131,7 +131,7 @@ def make_distribution(kind="auto", cpu_devices=None, coordinator_address=None, n
     """
     from keras_avae.training.distribute import _check_kind_and_cpu_devices  # here: distribute imports this module
 
-    _check_kind_and_cpu_devices(kind, cpu_devices)
+    cpu_devices = _check_kind_and_cpu_devices(kind, cpu_devices)
     cluster = _cluster_settings(coordinator_address, num_processes, process_id)
     if kind == "auto" and cluster["coordinator_address"] is not None:
         kind = "multi-worker"
