@@ -2,8 +2,9 @@
 
 The acceptance check of PerformerAttention as a drop-in for
 `keras.layers.MultiHeadAttention`: Keras's test file for MHA, taken from a
-keras-team/keras checkout at the installed Keras version (it is not in the
-pip package, and it is not copied into this repository), runs in a
+keras-team/keras checkout at the installed Keras version or from the
+installed package (the 3.15.1 wheel ships it; it is not copied into this
+repository), runs in a
 temporary folder with `keras.src.layers.MultiHeadAttention` replaced by a
 `PerformerAttention` subclass whose only change is a fixed default `seed`:
 two MHA layers built alike compute the same function, and two
@@ -79,7 +80,10 @@ def by_design_reason(test_id):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--keras-src", required=True, help="a keras-team/keras checkout at the installed version")
+    parser.add_argument(
+        "--keras-src", required=True,
+        help="a keras-team/keras checkout at the installed version, or the site-packages folder of the installed keras",
+    )
     parser.add_argument("--mha", action="store_true", help="run the suite on MultiHeadAttention itself (no swap)")
     args = parser.parse_args(argv)
     source = pathlib.Path(args.keras_src) / TEST_FILE
