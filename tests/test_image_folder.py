@@ -228,6 +228,41 @@ def test_sixteen_bit_grey_keeps_its_levels_and_its_transparency_is_refused(tmp_p
             datasets.read_image_folder(tmp_path, "train", kind, resize=True)
 
 
+def write_rgb16_png(path, levels, transparent=None):
+    """A 16-bit RGB PNG of uint16 `levels` (H, W, 3), with a tRNS colour key (Pillow cannot write one)."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(b"\x00" + row.astype(">u2").tobytes() for row in levels)
+    header = struct.pack(">IIBBBBB", levels.shape[1], levels.shape[0], 16, 2, 0, 0, 0)
+    trns = chunk(b"tRNS", struct.pack(">HHH", *transparent)) if transparent else b""
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + trns + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+    )
+
+
+def test_sixteen_bit_rgb_transparency_is_refused(tmp_path):
+    # Before: a 16-bit RGB PNG's transparent colour (tRNS, 16-bit) was compared
+    # with its pixels as Pillow reads them (8-bit): no pixel matched, and the
+    # transparent pixels were read as that colour without a word.
+    (tmp_path / "train").mkdir()
+    write_images(tmp_path / "test", 1)
+    levels = np.full((28, 28, 3), 0x8000, np.uint16)
+    write_rgb16_png(tmp_path / "train" / "deep.png", levels)
+    images, _ = datasets.read_image_folder(tmp_path, "train", "rgb", resize=True)
+    np.testing.assert_array_equal(images, 128)  # opaque: read (the high bytes)
+    for key in [(0xFFFF, 0xFFFF, 0xFFFF), (0, 0, 0x00FF)]:
+        levels[:3] = key
+        write_rgb16_png(tmp_path / "train" / "deep.png", levels, transparent=key)
+        assert PIL.Image.open(tmp_path / "train" / "deep.png").mode == "RGB"
+        for kind in ("grey", "rgb"):
+            with pytest.raises(ValueError, match=r"deep\.png: 84 of its 784 pixels are transparent"):
+                datasets.read_image_folder(tmp_path, "train", kind, resize=True)
+
+
 def test_files_of_other_formats_under_an_image_name_are_refused(tmp_path):
     # Before: Pillow opened a float TIFF named .png, and it was read as a
     # black image (its levels in [0, 1] truncated by the conversion to grey).
@@ -276,6 +311,48 @@ def test_images_of_other_formats_are_named_in_a_warning(tmp_path, caplog):
     assert sum(len(images) for images, _ in parts) == 20
     assert "skipped 21 image file(s) of formats other than PNG/JPEG" in caplog.text
     assert "dog/img_000.webp" in caplog.text and "and 16 more" in caplog.text and "notes.txt" not in caplog.text
+
+
+def test_jpeg_and_png_files_under_other_names_are_named_in_a_warning(tmp_path, caplog):
+    # Before: JPEGs saved as `.jfif` (Windows) or `.jpe`, and `.apng` files,
+    # were left out of the data without a word.
+    write_images(tmp_path / "cat", 20)
+    write_images(tmp_path / "dog", 2, prefix="shot", suffix=".jfif")
+    write_images(tmp_path / "dog", 1, prefix="scan", suffix=".JPE")
+    write_images(tmp_path / "dog", 1, prefix="anim", suffix=".apng")
+    with caplog.at_level(logging.WARNING, logger="keras_avae.datasets"):
+        parts = [datasets.read_image_folder(tmp_path, split, "grey") for split in ("train", "test")]
+    assert sum(len(images) for images, _ in parts) == 20
+    assert "skipped 4 image file(s)" in caplog.text and "named other than .png/.jpg/.jpeg" in caplog.text
+    for name in ("dog/anim_000.apng", "dog/scan_000.JPE", "dog/shot_000.jfif", "dog/shot_001.jfif"):
+        assert name in caplog.text
+    # Beside train/ and test/ (where PNG files are refused), as within them.
+    write_images(tmp_path / "split" / "train", 2)
+    write_images(tmp_path / "split" / "test", 1)
+    write_images(tmp_path / "split" / "test", 1, prefix="phone", suffix=".jfif")
+    write_images(tmp_path / "split" / "extra", 1, suffix=".webp")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="keras_avae.datasets"):
+        assert len(datasets.read_image_folder(tmp_path / "split", "test", "grey")[0]) == 1
+    assert "skipped 2 image file(s)" in caplog.text
+    assert "extra/img_000.webp, test/phone_000.jfif" in caplog.text
+
+
+def test_reading_holds_one_copy_of_the_images(tmp_path):
+    # Before: the decoded images were listed, then stacked: two copies of a
+    # large folder in memory at once.
+    import tracemalloc
+
+    write_images(tmp_path / "train", 250, size=(32, 32), rgb=True)
+    write_images(tmp_path / "test", 1, size=(32, 32), rgb=True)
+    tracemalloc.start()
+    try:
+        images, _ = datasets.read_image_folder(tmp_path, "train", "rgb")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert images.shape == (250, 32, 32, 3)
+    assert peak < 1.5 * images.nbytes, f"peak {peak} bytes for {images.nbytes} bytes of images"
 
 
 def test_file_names_that_are_not_utf8_are_read(tmp_path):

@@ -30,8 +30,13 @@ import PIL.ImageOps
 from keras_avae.datasets.common import _check_split
 
 _SUFFIXES = (".png", ".jpg", ".jpeg")
-# Images of other formats, which are not read: a warning names them.
-_OTHER_SUFFIXES = (".bmp", ".gif", ".webp", ".tif", ".tiff", ".heic", ".avif", ".jp2", ".pgm", ".ppm", ".pbm")
+# Images of other formats, which are not read: a warning names them. So are
+# JPEG and PNG files under the other names they go by (Windows saves JPEGs
+# as `.jfif`), which would otherwise be left out without a word.
+_OTHER_SUFFIXES = (
+    ".bmp", ".gif", ".webp", ".tif", ".tiff", ".heic", ".heif", ".avif", ".jp2", ".jxl", ".pgm", ".ppm", ".pbm",
+    ".jfif", ".jpe", ".jif", ".apng",
+)
 # What Pillow calls the formats read (MPO: a camera's JPEG with extra frames).
 _FORMATS = ("PNG", "JPEG", "MPO")
 # kind -> (width, height, channels) of the reader it stands in for.
@@ -165,11 +170,13 @@ def _class_of(relative_path):
     return relative_path.parts[0] if len(relative_path.parts) > 1 else ""
 
 
-def _check_opaque(image, file):
+def _check_opaque(image, file, sixteen_bit_rgb=False):
     """Raises for transparent pixels: without its alpha channel the image is only the colours under it.
 
     Ink drawn in the alpha channel (a common way to save glyphs) over black
     pixels would load as a blank image, so no background is guessed.
+    `sixteen_bit_rgb`: the file is a 16-bit RGB PNG (Pillow reads its levels'
+    high bytes).
     """
     if not (image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info):
         return
@@ -177,6 +184,12 @@ def _check_opaque(image, file):
         # A 16-bit grey PNG's transparency is one grey level (its tRNS
         # chunk); `convert("RGBA")` would first clip the levels to 255.
         transparent = np.asarray(image) == image.info["transparency"]
+    elif sixteen_bit_rgb and isinstance(image.info.get("transparency"), tuple):
+        # A 16-bit RGB PNG's transparent colour is 16-bit, its pixels as read
+        # 8-bit: `convert("RGBA")` matches no pixel. Their high bytes are
+        # compared (pixels within 1/256 of the colour count too).
+        key = np.asarray(image.info["transparency"]) >> 8
+        transparent = np.all(np.asarray(image) == key, axis=-1)
     else:
         transparent = np.asarray(image.convert("RGBA").getchannel("A")) < 255
     if transparent.any():
@@ -195,6 +208,8 @@ def _read_image(file, kind, resize):
         with PIL.Image.open(file) as image:
             found = image.format
             frames = getattr(image, "n_frames", 1)  # Before `exif_transpose`, whose copy has one frame.
+            # Before `load`, which clears the tile (its raw mode: the bit depth).
+            sixteen_bit_rgb = found == "PNG" and bool(image.tile) and image.tile[0][3] == "RGB;16B"
             image = PIL.ImageOps.exif_transpose(image)  # Camera JPEGs: as they are shown.
             image.load()
     except Exception as e:
@@ -211,7 +226,7 @@ def _read_image(file, kind, resize):
             f"Save the frames you want as still PNG files first (`PIL.ImageSequence.Iterator(image)` "
             f"yields them)."
         )
-    _check_opaque(image, file)
+    _check_opaque(image, file, sixteen_bit_rgb)
     if image.size != (width, height) and not resize:
         raise ValueError(
             f"{file}: the image is {image.size[0]}x{image.size[1]} pixels but the {kind} entries need "
@@ -256,9 +271,11 @@ def read_image_folder(path, split, kind, resize=False):
 
     Files are `.png`, `.jpg` and `.jpeg` (any case), in sorted path order;
     names starting with `.` are skipped, and a file reached twice (through a
-    symbolic link) is refused. JPEG EXIF rotations are applied; an image
-    with transparent pixels is refused (flatten it onto a background
-    first), a fully opaque alpha channel is dropped; an animated PNG
+    symbolic link) is refused. Images under other names (`.webp`, `.bmp`,
+    a JPEG named `.jfif`, ...) are not read; a logged warning names them.
+    JPEG EXIF rotations are applied; an image with transparent pixels is
+    refused (flatten it onto a background first), a fully opaque alpha
+    channel is dropped; an animated PNG
     (several frames) is refused, while a camera's MPO JPEG is read as its
     first image, the photo itself. Grey levels are the brightness (`convert("L")`,
     16-bit images scaled by 65535): bright = 1, as MNIST's white strokes on
@@ -305,17 +322,22 @@ def read_image_folder(path, split, kind, resize=False):
     if not root.is_dir():
         raise FileNotFoundError(f"`path` is not a directory. Received: path={str(path)!r}")
     folder, files, classes = _split_files(root, split)
-    # A folder of PNG and WebP files would otherwise train on the PNGs alone without a word.
-    skipped = sorted(_walk_image_files(folder, _OTHER_SUFFIXES), key=lambda p: p.parts)
+    # A folder of PNG and WebP files would otherwise train on the PNGs alone
+    # without a word. The whole folder: WebP files beside train/ and test/ too.
+    skipped = sorted(_walk_image_files(root, _OTHER_SUFFIXES), key=lambda p: p.parts)
     if skipped:
         shown = ", ".join(str(f) for f in skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
         logger.warning(
-            "%s: skipped %d image file(s) of formats other than PNG/JPEG, which are not read: %s. Convert "
-            "them to PNG to use them.", folder, len(skipped), shown
+            "%s: skipped %d image file(s) of formats other than PNG/JPEG, or named other than %s, which are "
+            "not read: %s. Convert them to PNG (rename a .jfif or .jpe JPEG to .jpg) to use them.",
+            root, len(skipped), "/".join(_SUFFIXES), shown
         )
-    images = np.stack([_read_image(folder / f, kind, resize) for f in files])
+    # Filled in place: a list of the images and its `np.stack` held two
+    # copies of a large folder at once.
+    width, height, channels = _KINDS[kind]
+    images = np.empty((len(files), height, width, channels), np.float32 if kind == "grey" else np.uint8)
+    for i, f in enumerate(files):
+        images[i] = _read_image(folder / f, kind, resize).reshape(height, width, channels)
     index = {name: i for i, name in enumerate(classes)}
     labels = np.array([index[_class_of(f)] for f in files], dtype=np.int64)
-    if kind == "grey":
-        images = images[..., None]
     return images, labels
