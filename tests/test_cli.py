@@ -645,7 +645,9 @@ def tiny_train_command(tmp_path):
             ["--limit", "8", "--batch-size", "4", "--steps-per-epoch", "3"],
             ["steps_per_epoch=3", "limit=8", "2 batches"],
         ),
-        (["--batch-size", "4", "--steps-per-epoch", "5"], ["steps_per_epoch=5", "the split has 16"]),
+        (["--batch-size", "4", "--steps-per-epoch", "5"], ["steps_per_epoch=5", "the split has 16", "more images"]),
+        # Before: "`limit` too small ... limit=None" and "a larger --limit", without a --limit.
+        (["--batch-size", "32"], ["Too few training images: the split has 16", "more images", "limit=None"]),
     ],
 )
 def test_train_with_too_little_data_fails_before_training(tmp_path, capsys, flags, fragments):

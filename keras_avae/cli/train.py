@@ -122,14 +122,17 @@ def _check_enough_data(limit, examples, batch_size, steps_per_epoch):
     used = min(examples, limit or examples)
     batches = used // batch_size
     source = f"limit={limit} keeps {used}" if limit else f"the split has {used}"
+    # Without --limit the split itself is too small (a small folder of images):
+    # more data or smaller batches help, not a larger --limit.
+    remedy = "a larger --limit" if limit else "more images or a smaller --batch-size"
     if batches == 0:
         raise ValueError(
-            f"`limit` too small: {source} training images, fewer than one batch of {batch_size}. "
-            f"Received: limit={limit}, batch_size={batch_size} (global)"
+            f"{'`limit` too small' if limit else 'Too few training images'}: {source} training images, fewer "
+            f"than one batch of {batch_size}. Use {remedy}. Received: limit={limit}, batch_size={batch_size} (global)"
         )
     if batches < steps_per_epoch:
         raise ValueError(
             f"`steps_per_epoch`={steps_per_epoch} needs {steps_per_epoch * batch_size} images per epoch "
             f"({steps_per_epoch} batches of {batch_size}) but {source}: {batches} batches. Use a smaller "
-            f"--steps-per-epoch or a larger --limit. Received: steps_per_epoch={steps_per_epoch}, limit={limit}"
+            f"--steps-per-epoch or {remedy}. Received: steps_per_epoch={steps_per_epoch}, limit={limit}"
         )
