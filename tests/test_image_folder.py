@@ -355,6 +355,30 @@ def test_reading_holds_one_copy_of_the_images(tmp_path):
     assert peak < 1.5 * images.nbytes, f"peak {peak} bytes for {images.nbytes} bytes of images"
 
 
+def test_every_refused_file_is_named_in_one_error(tmp_path):
+    # Before: reading stopped at the first bad file, so a folder with several
+    # took one rerun per file to find them all.
+    write_images(tmp_path / "train", 4)
+    write_images(tmp_path / "test", 1)
+    write_images(tmp_path / "train", 1, size=(30, 28), prefix="wide")
+    (tmp_path / "train" / "zero.png").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"wide_000\.png: the image is 30x28 pixels") as error:  # the first, in full
+        datasets.read_image_folder(tmp_path, "train", "grey")
+    others = tmp_path / "train" / "zero.png"
+    assert str(error.value).endswith(f"In all, 2 of the 6 images are refused: this one and {others}.")
+    # Many: the first five others by name.
+    for i in range(7):
+        (tmp_path / "train" / f"zz_{i}.png").write_bytes(b"")
+    many = r"In all, 9 of the 13 images are refused: this one and .*zz_3\.png and 3 more\.$"
+    with pytest.raises(ValueError, match=many):
+        datasets.read_image_folder(tmp_path, "train", "grey")
+    # One bad file: its own error, unchanged.
+    for bad in [tmp_path / "train" / "zero.png", *(tmp_path / "train").glob("zz_*")]:
+        bad.unlink()
+    with pytest.raises(ValueError, match=r"30x28 pixels.*or resize the files\.$"):
+        datasets.read_image_folder(tmp_path, "train", "grey")
+
+
 def test_file_names_that_are_not_utf8_are_read(tmp_path):
     # Before: the hash split encoded names as UTF-8 and raised UnicodeEncodeError.
     write_images(tmp_path, 20)

@@ -254,6 +254,16 @@ def _read_image(file, kind, resize):
     return np.asarray(image, dtype=np.uint8)
 
 
+def _raise_refused(refused, total):
+    """Raises the first refused file's error, naming the others: one run finds every bad file."""
+    (_, first), others = refused[0], [str(f) for f, _ in refused[1:]]
+    if not others:
+        raise first
+    shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+    count = f"{len(refused)} of the {total} images"
+    raise ValueError(f"{first} In all, {count} are refused: this one and {shown}.") from first
+
+
 def read_image_folder(path, split, kind, resize=False):
     """Reads a split of a folder of your own PNG/JPEG images.
 
@@ -305,7 +315,8 @@ def read_image_folder(path, split, kind, resize=False):
         ValueError: a file that is not a readable PNG/JPEG image (whatever its
             name), an animated PNG, an image with transparent pixels, an
             image of another size (without `resize`), or a split without
-            images; the message names the file or folder.
+            images; the message names the file or folder (the first bad
+            file's reason, and every other bad file by name).
 
     Example:
 
@@ -336,8 +347,14 @@ def read_image_folder(path, split, kind, resize=False):
     # copies of a large folder at once.
     width, height, channels = _KINDS[kind]
     images = np.empty((len(files), height, width, channels), np.float32 if kind == "grey" else np.uint8)
+    refused = []
     for i, f in enumerate(files):
-        images[i] = _read_image(folder / f, kind, resize).reshape(height, width, channels)
+        try:
+            images[i] = _read_image(folder / f, kind, resize).reshape(height, width, channels)
+        except ValueError as error:
+            refused.append((folder / f, error))
+    if refused:
+        _raise_refused(refused, len(files))
     index = {name: i for i, name in enumerate(classes)}
     labels = np.array([index[_class_of(f)] for f in files], dtype=np.int64)
     return images, labels
