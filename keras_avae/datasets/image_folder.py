@@ -148,6 +148,12 @@ def _split_files(root, split):
     return root, files, sorted({_class_of(f) for f in every})
 
 
+def _first_five(paths):
+    """`paths` for a message: the first five, then a count of the others."""
+    shown = ", ".join(str(p) for p in paths[:5])
+    return shown + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+
+
 def _check_nothing_beside_splits(root):
     """Raises for images beside `train/` and `test/`: neither split would read them."""
     stray = [
@@ -158,7 +164,7 @@ def _check_nothing_beside_splits(root):
         and (_has_images(entry) if entry.is_dir() else entry.name.lower().endswith(_SUFFIXES))
     ]
     if stray:
-        shown = ", ".join(stray[:5]) + (f" and {len(stray) - 5} more" if len(stray) > 5 else "")
+        shown = _first_five(stray)
         raise ValueError(
             f"{root} holds images outside its train/ and test/ folders, which neither split reads: {shown}. "
             f"Move them into train/ or test/, or out of the folder. Received: path={str(root)!r}"
@@ -256,10 +262,10 @@ def _read_image(file, kind, resize):
 
 def _raise_refused(refused, total):
     """Raises the first refused file's error, naming the others: one run finds every bad file."""
-    (_, first), others = refused[0], [str(f) for f, _ in refused[1:]]
+    (_, first), others = refused[0], [f for f, _ in refused[1:]]
     if not others:
         raise first
-    shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+    shown = _first_five(others)
     count = f"{len(refused)} of the {total} images"
     raise ValueError(f"{first} In all, {count} are refused: this one and {shown}.") from first
 
@@ -337,7 +343,7 @@ def read_image_folder(path, split, kind, resize=False):
     # without a word. The whole folder: WebP files beside train/ and test/ too.
     skipped = sorted(_walk_image_files(root, _OTHER_SUFFIXES), key=lambda p: p.parts)
     if skipped:
-        shown = ", ".join(str(f) for f in skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+        shown = _first_five(skipped)
         logger.warning(
             "%s: skipped %d image file(s) of formats other than PNG/JPEG, or named other than %s, which are "
             "not read: %s. Convert them to PNG (rename a .jfif or .jpe JPEG to .jpg) to use them.",
