@@ -72,6 +72,16 @@ def pytest_sessionfinish(session, exitstatus):
         shutil.rmtree(_jax_cache, ignore_errors=True)
 
 
+def _reset_keras_state():
+    keras.config.set_dtype_policy("float32")
+    # No forced gc.collect(): it walks every live object, and the backends'
+    # caches grow test by test (0.2 s after the imports, 0.5-3 s later on,
+    # about 500 s of the JAX suite's 2,500 test seconds). Python's own
+    # collector still runs.
+    keras.utils.clear_session(free_memory=False)
+    keras.utils.set_random_seed(0)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_keras_state():
     """Every test starts with float32, fresh names and the same global seed.
@@ -79,12 +89,19 @@ def _fresh_keras_state():
     Initialisers without their own seed draw from the global generator;
     seeding it makes every test's numbers repeatable run to run.
     """
-    keras.config.set_dtype_policy("float32")
-    # No forced gc.collect() per test: it walks every live object, and the
-    # backends' caches grow test by test (0.2 s after the imports, 0.5-3 s later
-    # on, about 500 s of the JAX suite's 2,500 test seconds). Python's own
-    # collector still runs.
-    keras.utils.clear_session(free_memory=False)
-    keras.utils.set_random_seed(0)
+    _reset_keras_state()
     yield
     keras.config.set_dtype_policy("float32")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """Class- and module-scoped fixtures of the tests start from the same fresh state too.
+
+    pytest sets them up before a test's function-scoped fixtures, so without
+    this their weights came from whatever the worker ran before: another
+    model in each CI run, and a statistical check on them failed in one run.
+    """
+    if fixturedef.scope in ("class", "module") and fixturedef.baseid.startswith("tests"):
+        _reset_keras_state()
+    return (yield)
