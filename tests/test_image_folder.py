@@ -509,8 +509,14 @@ def test_make_dataset_binarises_grey_images_and_scales_rgb(tmp_path):
 # ---------------------------------------------------------------------------
 
 
+# The folder is read with NumPy and Pillow, the same on every backend; the
+# training and scoring it feeds are tested on each backend elsewhere
+# (test_cli, test_evaluation).
+run_on_tensorflow = pytest.mark.skipif(BACKEND != "tensorflow", reason="reading image folders is backend-independent")
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(BACKEND == "torch", reason="zoo models are supported on TensorFlow and JAX")
+@run_on_tensorflow
 def test_train_and_evaluate_on_an_image_folder(tmp_path, capsys):
     data = tmp_path / "digits"
     written = write_images(data, 60)
@@ -551,7 +557,7 @@ def test_train_and_evaluate_on_an_image_folder(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(BACKEND == "torch", reason="zoo models are supported on TensorFlow and JAX")
+@run_on_tensorflow
 def test_train_decodes_each_image_once_also_when_resumed(tmp_path, capsys, monkeypatch):
     # Before: a run decoded every file twice (the images counted and hashed,
     # then the dataset), a resumed run three times (the stream's start and
