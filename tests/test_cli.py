@@ -416,7 +416,7 @@ def test_evaluate_extends_a_smaller_limit_to_the_same_figures(tmp_path, capsys, 
 @pytest.mark.slow
 @pytest.mark.skipif(
     BACKEND != "tensorflow",
-    reason="the command's own code is backend-independent; the shipped weights are scored on JAX in test_zoo",
+    reason="the command's own code is backend-independent; zoo weights are scored on JAX in test_zoo",
 )
 @pytest.mark.parametrize("name,source", [(None, "MNIST test images"), ("omniglot-baseline-small", "OMNIGLOT evaluation")])
 def test_demo_scores_the_shipped_sample_and_draws_grids(tmp_path, capsys, name, source):
