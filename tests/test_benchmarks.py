@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tests.test_case import backend_independent
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -40,10 +42,7 @@ def test_favor_product_layout_benchmark_runs():
     assert figures[10].endswith("x,") and figures[12].endswith("x")
 
 
-@pytest.mark.skipif(
-    os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
-    reason="a smoke test of the script, run once: scoring on each backend is tested in test_evaluation",
-)
+@backend_independent("a smoke test of the script; scoring on each backend is tested in test_evaluation")
 def test_evaluation_speed_benchmark_runs():
     command = [sys.executable, os.path.join(ROOT, "benchmarks", "evaluation_speed.py")]
     command += ["--names", "mnist-baseline-small", "--batch-size", "2", "--num-samples", "2", "--repeats", "1", "--tiny"]

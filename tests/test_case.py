@@ -18,6 +18,16 @@ from keras import ops
 BACKEND = keras.backend.backend()
 
 
+def backend_independent(reason):
+    """Runs a test on TensorFlow only: what it tests is the same on every backend, so once is enough.
+
+    `reason` says why, and where each backend's own part is tested.
+    """
+    import pytest
+
+    return pytest.mark.skipif(BACKEND != "tensorflow", reason=f"backend-independent: {reason}")
+
+
 def to_numpy(x):
     """Converts a tensor (or nested structure of tensors) to NumPy float64."""
     return keras.tree.map_structure(

@@ -19,6 +19,7 @@ import pytest
 from keras_avae import cli, zoo
 from keras_avae.cli import parser as cli_parser
 from keras_avae.cli import sample as cli_sample
+from tests.test_case import backend_independent
 from tests.test_datasets import make_mnist_dir
 from tests.test_training import decode_png
 
@@ -322,10 +323,7 @@ def test_train_evaluate_sample_end_to_end(tmp_path, capsys):
     assert "without error" not in err and len(err) < 600
 
 
-@pytest.mark.skipif(
-    BACKEND != "tensorflow",
-    reason="binarising and batching are NumPy, the same on every backend; scoring is tested on each in test_evaluation",
-)
+@backend_independent("binarising and batching are NumPy; scoring is tested on each backend in test_evaluation")
 def test_evaluate_binarises_the_train_split_once(tmp_path, capsys):
     """`--split train` scores every image, the same binary ones whatever the batch size (dynamic draws would not)."""
     data = tmp_path / "mnist"
@@ -352,10 +350,7 @@ def test_evaluate_binarises_the_train_split_once(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    BACKEND != "tensorflow",
-    reason="the progress file's bookkeeping is NumPy; a resumed score on each backend is tested in test_evaluation",
-)
+@backend_independent("the progress file's bookkeeping is NumPy; each backend's resumed score is in test_evaluation")
 def test_evaluate_extends_a_smaller_limit_to_the_same_figures(tmp_path, capsys, monkeypatch):
     from keras_avae.cli import evaluate as cli_evaluate
 
@@ -414,10 +409,7 @@ def test_evaluate_extends_a_smaller_limit_to_the_same_figures(tmp_path, capsys, 
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    BACKEND != "tensorflow",
-    reason="the command's own code is backend-independent; zoo weights are scored on JAX in test_zoo",
-)
+@backend_independent("the command's own code; zoo weights are scored on JAX in test_zoo")
 @pytest.mark.parametrize("name,source", [(None, "MNIST test images"), ("omniglot-baseline-small", "OMNIGLOT evaluation")])
 def test_demo_scores_the_shipped_sample_and_draws_grids(tmp_path, capsys, name, source):
     out_dir = tmp_path / "demo"
@@ -760,7 +752,7 @@ def test_train_applies_the_recipe_augmentation_and_set_epochs(tmp_path, capsys, 
     assert calls["random_flip"] is False and "random_flip" not in calls["train"]["data_info"]
 
 
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="the run record is checked in Python before any backend work")
+@backend_independent("the run record is checked in Python before any backend work")
 def test_train_resumed_on_another_device_count_says_which_batch_size_works(tmp_path, capsys):
     """Before: only "batch_size: recorded 8, requested 4", global batches the user never typed."""
     from keras_avae.training.run_folder import _check_run_record

@@ -13,6 +13,7 @@ import PIL.Image
 import pytest
 
 from keras_avae import datasets
+from tests.test_case import backend_independent
 from tests.test_cli import BACKEND
 from tests.test_cli import TINY_SETS
 from tests.test_cli import assert_one_line_error
@@ -509,10 +510,9 @@ def test_make_dataset_binarises_grey_images_and_scales_rgb(tmp_path):
 # ---------------------------------------------------------------------------
 
 
-# The folder is read with NumPy and Pillow, the same on every backend; the
-# training and scoring it feeds are tested on each backend elsewhere
-# (test_cli, test_evaluation).
-run_on_tensorflow = pytest.mark.skipif(BACKEND != "tensorflow", reason="reading image folders is backend-independent")
+# The folder is read with NumPy and Pillow; the training and scoring it
+# feeds are tested on each backend in test_cli and test_evaluation.
+run_on_tensorflow = backend_independent("image folders are read with NumPy and Pillow")
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ from keras_avae.report import write_report
 from keras_avae.report.artifacts import jsonable
 from tests.models import test_hierarchical_vae
 from tests.models.test_hierarchical_vae import shapes_batch
+from tests.test_case import backend_independent
 
 BACKEND = os.environ.get("KERAS_BACKEND", "tensorflow")
 pytestmark = pytest.mark.skipif(BACKEND == "torch", reason="the report is tested on TensorFlow and JAX")
@@ -302,9 +303,7 @@ def test_training_curves_are_the_history_csv(written):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    BACKEND != "tensorflow", reason="history.csv is backend-independent; training on each backend is tested elsewhere"
-)
+@backend_independent("history.csv is written the same way on every backend; each backend's training is tested elsewhere")
 def test_training_curves_of_a_real_training_run(tmp_path):
     from keras_avae import training
 
@@ -389,7 +388,7 @@ def test_page_references_every_figure_and_nothing_missing(written):
     assert text.count("The numbers drawn") == len(expected)
 
 
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="which figures a page holds does not depend on the backend")
+@backend_independent("which figures a page holds")
 def test_baseline_without_attention_or_nonlocal_blocks_says_so(tmp_path):
     model = tiny_model(generative_attention=False, inference_attention=False, nonlocal_blocks=())
     # An earlier report's figure in the same folder must not stay beside this page.
