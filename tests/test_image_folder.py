@@ -149,6 +149,22 @@ def test_symlinked_class_folders_are_read_and_link_cycles_end(tmp_path):
     assert ids(linked) == list(range(30))
 
 
+def test_a_folder_that_cannot_be_listed_is_refused(tmp_path, monkeypatch):
+    # Before: os.walk skipped a folder it could not list, and its class with it.
+    write_images(tmp_path / "data" / "cat", 30, prefix="cat")
+    write_images(tmp_path / "data" / "dog", 30, prefix="dog")
+    scandir = os.scandir
+
+    def unlistable_dogs(path="."):
+        if os.fspath(path).endswith("dog"):  # chmod would not stop root
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", unlistable_dogs)
+    with pytest.raises(OSError, match=r"data/dog: this folder cannot be listed \(Permission denied\), so its images"):
+        datasets.read_image_folder(tmp_path / "data", "train", "grey")
+
+
 def test_one_file_reached_through_two_links_is_refused(tmp_path):
     # Before: a sibling link to a class folder read its files again, as another
     # class, and the hash split sent some copies to test while they were in train.

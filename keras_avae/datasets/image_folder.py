@@ -16,6 +16,7 @@ their path, so the split is stable when files are added). Files are the
 `.png`, `.jpg` and `.jpeg` ones (any case), searched recursively; names
 starting with `.` (hidden files and folders) are skipped, and so are images
 of other formats (`.webp`, `.bmp`, `.tif`, ...), with a logged warning.
+A subfolder that cannot be listed is an error, not a folder left out.
 """
 
 import hashlib
@@ -55,11 +56,22 @@ def _walk_image_files(folder, suffixes=_SUFFIXES):
     """Yields the relative POSIX paths of the files under `folder` named `*suffixes`, hidden names skipped.
 
     Symlinked folders are followed (class folders are often links); a link
-    to a folder the walk is already inside (a cycle) is not.
+    to a folder the walk is already inside (a cycle) is not. A folder that
+    cannot be listed is an error: `os.walk` alone would leave its images out
+    without a word. A `folder` that does not exist holds no files.
     """
+    if not os.path.isdir(folder):
+        return
+
+    def refuse(error):
+        raise OSError(
+            f"{error.filename}: this folder cannot be listed ({error.strerror or error}), so its images would be "
+            f"left out. Make it readable, or move it out of {folder}. Received: path={str(folder)!r}"
+        ) from error
+
     # Each folder's real path and those of the folders above it in the walk.
     chains = {str(folder): {os.path.realpath(folder)}}
-    for directory, subfolders, files in os.walk(folder, followlinks=True):
+    for directory, subfolders, files in os.walk(folder, onerror=refuse, followlinks=True):
         chain = chains.pop(directory)
         subfolders[:] = [d for d in subfolders if not d.startswith(".")]
         for d in list(subfolders):
