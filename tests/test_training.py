@@ -1031,6 +1031,25 @@ def test_mixed_float16_is_refused_for_guarded_training(tmp_path):
     assert not (tmp_path / "run.json").exists()
 
 
+def test_a_refused_call_leaves_no_folder_and_no_lock_behind(tmp_path):
+    # Before: a call refused once it held the folder left the folders it made
+    # and `run.lock` in them (here: an override the entry does not have).
+    x = np.zeros((16, 8, 8, 1), "float32")
+    kwargs = dict(epochs=1, batch_size=8, config_overrides=dict(TINY, bogus=1), verbose=0)
+    with pytest.raises(ValueError, match=r"Unknown config override\(s\) \['bogus'\]"):
+        training.train("mnist-baseline", x, tmp_path / "new" / "run", **kwargs)
+    assert os.listdir(tmp_path) == []
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="bogus"):
+        training.train("mnist-baseline", x, tmp_path / "kept", **kwargs)
+    assert sorted(os.listdir(tmp_path / "kept")) == ["notes.txt", "run.lock"]
+    (tmp_path / "kept" / "notes.txt").unlink()  # the lock file is not this call's: it stays
+    with pytest.raises(ValueError, match="bogus"):
+        training.train("mnist-baseline", x, tmp_path / "kept", **kwargs)
+    assert os.listdir(tmp_path / "kept") == ["run.lock"]
+
+
 def test_final_files_older_than_the_checkpoint_are_written_again(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     x = (rng.random((16, 8, 8, 1)) > 0.5).astype("float32")

@@ -70,15 +70,19 @@ _HINTS = {
 
 
 @contextlib.contextmanager
-def _owned(output_dir):
+def _owned(output_dir, new_folders=()):
     """Holds an exclusive lock on `output_dir/run.lock` while the body runs.
 
     The lock is an `flock` (through `filelock`): the kernel releases it when
     the process ends, however it ends (SIGKILL included), so a stale lock is
     taken over by the next run. The holder writes its PID and host into the
-    file, for the message a refused run prints.
+    file, for the message a refused run prints. A body that raises while
+    the folder holds nothing but a lock file it made (a refused call) leaves
+    no trace: the lock file goes while still held, then the `new_folders`
+    the call made, if they are empty.
     """
     path = pathlib.Path(output_dir) / LOCK
+    made_lock_file = not path.exists()
     lock = filelock.FileLock(str(path), timeout=0)
     try:
         lock.acquire()
@@ -94,6 +98,14 @@ def _owned(output_dir):
             f.truncate()
             f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n")
         yield
+    except BaseException:
+        if made_lock_file and os.listdir(output_dir) == [LOCK]:
+            path.unlink()
+            lock.release()
+            for folder in new_folders:
+                with contextlib.suppress(OSError):  # another process wrote into it meanwhile
+                    folder.rmdir()
+        raise
     finally:
         lock.release()
 

@@ -109,6 +109,7 @@ class _Run:
     data: dict | None = None
     batch_from_dataset: bool = False  # the global batch is the dataset's own (recorded as such)
     reproducibility: dict | None = None  # `train`'s seed and whether it asked for deterministic kernels
+    new_folders: tuple = ()  # the folders `train` made for `output_dir`, removed again if it fails at once
 
 
 def _resolve_run(
@@ -156,10 +157,12 @@ def _resolve_run(
             "step than on one device). Train on one device, or on JAX's keras.distribution, which clips the "
             f"global gradient. Received: global_clipnorm={recipe['global_clipnorm']}, {replicas} replicas"
         )
-    if chief:
-        output_dir.mkdir(parents=True, exist_ok=True)
     if data_info is not None and not isinstance(data_info, dict):
         raise ValueError(f"`data_info` must be a dict or None. Received: data_info={data_info!r}")
+    new_folders = ()
+    if chief:
+        new_folders = _missing_folders(output_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
     return _Run(
         output_dir,
         name,
@@ -172,7 +175,17 @@ def _resolve_run(
         data=data_info,
         batch_from_dataset=from_dataset,
         reproducibility=reproducibility,
+        new_folders=new_folders,
     )
+
+
+def _missing_folders(path):
+    """`path` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return tuple(missing)
 
 
 def _check_replica_input(dataset, batch_size, replicas, strategy, argument="dataset", unknown_size_fails=True):

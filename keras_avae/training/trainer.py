@@ -359,7 +359,9 @@ def train(
     The run folder is owned: while `train` runs, an exclusive lock on
     `output_dir/run.lock` (which names the holder's PID and host) makes a
     second `train` on it fail with a `RuntimeError`; the kernel releases the
-    lock however the process ends, so a killed run's lock is taken over.
+    lock however the process ends, so a killed run's lock is taken over; a
+    call refused before it wrote anything takes its lock file and the
+    folders it made away again.
     `run.json` records the settings of what was trained (a call that trains
     nothing or is refused leaves it as it is); resuming with another model
     config, recipe, batch size, step count, epoch count (except more epochs
@@ -477,7 +479,7 @@ def train(
         # data instead (every epoch still takes `steps_per_epoch` batches).
         dataset = dataset.repeat()
     # The chief owns the folder (the other workers only read its checkpoint).
-    with _owned(run.output_dir) if run.chief else contextlib.nullcontext(), _StopOnSignal() as stopper:
+    with _owned(run.output_dir, run.new_folders) if run.chief else contextlib.nullcontext(), _StopOnSignal() as stopper:
         if run.chief:  # what a kill in the middle of a write left
             for name in _FOLDER_FILES:
                 _remove_stale_temporaries(run.output_dir / name)
