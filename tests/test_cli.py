@@ -166,7 +166,7 @@ def test_report_out_that_is_a_file_is_refused_before_loading(tmp_path, capsys, m
         capsys,
     )
     assert status == 2
-    assert_one_line_error(err, "--out", "is a file", repr(str(page)))
+    assert_one_line_error(err, "`--out` must be a folder", "not a file", f"Received: --out {str(page)!r}")
     assert page.read_text() == "mine"
 
 

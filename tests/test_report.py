@@ -541,7 +541,7 @@ def test_report_command_end_to_end(tmp_path, capsys):
     assert f"`--run` {str(run_dir)!r} trained another architecture" in err and "num_layers=" in err
     status = cli.main(argv[:4] + ["--data-dir", str(data), "--out", str(tmp_path / "page.html")])
     err = capsys.readouterr().err
-    assert status == 2 and f"Pass e.g. --out {str(tmp_path / 'page')!r}" in err and len(err.strip().splitlines()) == 1
+    assert status == 2 and f"Pass a folder, e.g. --out {str(tmp_path / 'page')!r}" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "page.html").exists()
 
 

@@ -78,14 +78,6 @@ def _cmd_report(args):
         raise UsageError(f"report needs a hierarchical VAE (KL per layer, attention); {args.name} is a "
                          f"{zoo.describe(args.name)['family']}. Received: {args.name!r}")
     _check_dir(args.data_dir, "--data-dir")
-    # Before the model and data load: it failed after them with mkdir's "File exists".
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UsageError(f"--out: the report is a folder (index.html, a PNG and a JSON per figure), and "
-                         f"{args.out!r} is a file. Received: --out {args.out!r}")
-    if not os.path.exists(args.out) and os.path.splitext(args.out)[1].lower() in (".html", ".htm"):
-        raise UsageError(f"--out: the report is a folder, its page is index.html inside it; a new folder named "
-                         f"like a page is refused. Pass e.g. --out {os.path.splitext(args.out)[0]!r}. "
-                         f"Received: --out {args.out!r}")
     if args.run is not None and not os.path.isfile(os.path.join(args.run, "history.csv")):
         raise UsageError(f"--run: no history.csv in the run folder: {os.path.join(args.run, 'history.csv')!r}")
     _check_weights(args)
@@ -94,7 +86,13 @@ def _cmd_report(args):
         _check_run_entry(args)
     _import_backend(args, tensorflow=True)
     from keras_avae import report
+    from keras_avae.report.builder import _check_out_dir
     from keras_avae.report.history import check_run_trained
+
+    try:  # before the model and data load: it failed after them with mkdir's "File exists"
+        _check_out_dir(args.out, "--out")
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
     model = _load_model(args)
     if args.run is not None:

@@ -133,20 +133,29 @@ class _Steps:
             self.bar.update(self.done)
 
 
-def _check_out_dir(out_dir):
+def _check_out_dir(out_dir, argument="out_dir"):
+    """`out_dir` as a path, refused where it is a file or a new folder named like a page.
+
+    `argument` is how the caller spells it: `out_dir`, or `--out` for the
+    command line, which checks it before it loads the model and the data.
+    """
     out = pathlib.Path(out_dir)
+
+    def spelt(value):
+        return f"{argument} {value!r}" if argument.startswith("--") else f"{argument}={value!r}"
+
     if out.exists() and not out.is_dir():
         # mkdir's "File exists" named neither the argument nor the problem.
         raise ValueError(
-            "`out_dir` must be a folder (the report writes index.html and a PNG and a JSON per figure into it), "
-            f"not a file. Received: out_dir={str(out_dir)!r}, an existing file"
+            f"`{argument}` must be a folder (the report writes index.html and a PNG and a JSON per figure into "
+            f"it), not a file. Received: {spelt(str(out_dir))}, an existing file"
         )
     if not out.exists() and out.suffix.lower() in (".html", ".htm"):
         # It would become a folder named like a page, the page inside it.
         raise ValueError(
-            f"`out_dir` is the report's folder, and the page is written into it as index.html; a new folder "
-            f"named like a page file is refused. Pass a folder, e.g. out_dir={str(out.with_suffix(''))!r}. "
-            f"Received: out_dir={str(out_dir)!r}"
+            f"`{argument}` is the report's folder, and the page is written into it as index.html; a new folder "
+            f"named like a page file is refused. Pass a folder, e.g. {spelt(str(out.with_suffix('')))}. "
+            f"Received: {spelt(str(out_dir))}"
         )
     return out
 
