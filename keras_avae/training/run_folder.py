@@ -99,7 +99,7 @@ def _owned(output_dir, new_folders=()):
             f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n")
         yield
     except BaseException:
-        if made_lock_file and os.listdir(output_dir) == [LOCK]:
+        if made_lock_file and _holds_only_the_lock(output_dir):
             path.unlink()
             lock.release()
             for folder in new_folders:
@@ -108,6 +108,14 @@ def _owned(output_dir, new_folders=()):
         raise
     finally:
         lock.release()
+
+
+def _holds_only_the_lock(output_dir):
+    """Whether `output_dir` holds `run.lock` and nothing else (a folder gone meanwhile does not)."""
+    try:
+        return os.listdir(output_dir) == [LOCK]
+    except OSError:
+        return False
 
 
 def _holder(path):
