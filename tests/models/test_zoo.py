@@ -302,9 +302,10 @@ def test_pretrained_weights_score_real_images_like_their_card(name):
     # hardest alphabets (about 50 nats above the mean).
     figure = card["shipped_sample_nelbo_nats"]
     assert abs(trained - figure) < max(5.0, 0.002 * figure), (trained, figure)
-    # Fresh weights score far worse: the shipped ones are trained.
+    # Fresh weights score far worse: the shipped ones are trained. (By
+    # thousands of nats: 20 of the images show it, at a fifth of the time.)
     fresh = zoo.load(name, weights=None, seed=1)
-    assert elbo_nats(fresh, x) > trained + 100
+    assert elbo_nats(fresh, x[:20]) > trained + 100
 
 
 @pytest.mark.skipif(
