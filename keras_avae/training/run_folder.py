@@ -83,6 +83,7 @@ def _owned(output_dir, new_folders=()):
     """
     path = pathlib.Path(output_dir) / LOCK
     made_lock_file = not path.exists()
+    left_no_trace = False
     lock = filelock.FileLock(str(path), timeout=0)
     try:
         lock.acquire()
@@ -100,14 +101,15 @@ def _owned(output_dir, new_folders=()):
         yield
     except BaseException:
         if made_lock_file and _holds_only_the_lock(output_dir):
-            path.unlink()
-            lock.release()
-            for folder in new_folders:
-                with contextlib.suppress(OSError):  # another process wrote into it meanwhile
-                    folder.rmdir()
+            path.unlink()  # while still held: no other run holds a lock on this file
+            left_no_trace = True
         raise
     finally:
         lock.release()
+        if left_no_trace:
+            for folder in new_folders:
+                with contextlib.suppress(OSError):  # another process wrote into it meanwhile
+                    folder.rmdir()
 
 
 def _holds_only_the_lock(output_dir):
