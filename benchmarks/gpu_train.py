@@ -90,8 +90,9 @@ def cifar10_throughput(args):
     model.compile(optimizer=keras.optimizers.Adamax(1e-4))
     rng = np.random.default_rng(0)
     shape = (batch, *entry["config"]["image_shape"])
-    batches = [rng.integers(0, 256, shape).astype("float32") / 127.5 - 1.0 for _ in range(7)]
-    seconds = _timed_steps(model, batches, warmup=3)
+    count = args.throughput_warmup + args.throughput_steps
+    batches = [rng.integers(0, 256, shape).astype("float32") / 127.5 - 1.0 for _ in range(count)]
+    seconds = _timed_steps(model, batches, warmup=args.throughput_warmup)
     return {"entry": args.throughput_entry, "parameters": model.count_params(), "batch": batch,
             "seconds_per_step": seconds, "images_per_second": batch / seconds}
 
@@ -334,12 +335,19 @@ def main(argv=None):
     r.add_argument("--no-cifar10", dest="cifar10", action="store_false")
     r.add_argument("--deadline-seconds", type=float, default=540, help="time the CIFAR-10 step last only within this")
     r.add_argument("--throughput-seconds", type=float, default=60, help="time the CIFAR-10 step needs")
+    r.add_argument("--throughput-warmup", type=int, default=3, help="untimed CIFAR-10 steps (cuDNN's autotuning)")
+    r.add_argument("--throughput-steps", type=int, default=4, help="timed CIFAR-10 steps")
     args = parser.parse_args(argv)
     if args.command == "prepare":
         prepare(args)
     else:
         if args.split_mib is not None and not args.split_mib > 0:
             parser.error(f"--split-mib must be positive. Received: --split-mib {args.split_mib}")
+        if args.throughput_steps < 1 or args.throughput_warmup < 0:
+            parser.error(
+                "--throughput-steps must be at least 1 and --throughput-warmup at least 0. "
+                f"Received: --throughput-steps {args.throughput_steps} --throughput-warmup {args.throughput_warmup}"
+            )
         if os.environ.get("KERAS_BACKEND") != "torch":
             parser.error(f"`run` needs KERAS_BACKEND=torch. Received: KERAS_BACKEND={os.environ.get('KERAS_BACKEND')!r}")
         run(args)

@@ -136,6 +136,7 @@ def test_gpu_train_script_trains_saves_and_scores_resumably(tmp_path):
         tmp_path, "--output", str(out), "--batch-size", "4", "--train-seconds", "0.1", "--timing-steps", "1",
         "--steps-per-epoch", "2", "--log-every", "1", "--progress", str(out / "progress.npz"),
         "--throughput-entry", "mnist-baseline-small", "--deadline-seconds", "900", "--throughput-seconds", "1",
+        "--throughput-warmup", "1", "--throughput-steps", "1",
     )
     training = results["training"]
     # At least one schedule "epoch"; each step's loss logged and finite.
