@@ -47,11 +47,14 @@ os.environ["XLA_FLAGS"] = _xla_flags
 # idle threads that spin-wait for work (PyTorch's OpenMP) take the cores from
 # the processes doing the work. Measured on 2 cores: the PyTorch suite ran in
 # 211 s instead of 441 (same tests pass). Subprocesses inherit it; a setting
-# the user made is kept.
-_thread_settings = ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
-_user_thread_settings = {name: os.environ.get(name) for name in _thread_settings}
-for _name in _thread_settings:
-    os.environ.setdefault(_name, "1")
+# the user made is kept. `_KERAS_AVAE_TEST_THREADS` names the settings made
+# here, so that the xdist workers, which inherit them, tell them from the user's.
+_ours = set(filter(None, os.environ.get("_KERAS_AVAE_TEST_THREADS", "").split(",")))
+for _name in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+    if _name not in os.environ:
+        os.environ[_name] = "1"
+        _ours.add(_name)
+os.environ["_KERAS_AVAE_TEST_THREADS"] = ",".join(sorted(_ours))
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
@@ -69,9 +72,9 @@ if keras.backend.backend() == "tensorflow":
     # cards' figures were computed with them, and one intra-op thread sums
     # convolutions in another order, which flips some of the Gumbel entries'
     # hard samples (mnist-gumbel's shipped-sample figure moved by 0.7 nats).
-    if _user_thread_settings["TF_NUM_INTRAOP_THREADS"] is None:
+    if "TF_NUM_INTRAOP_THREADS" in _ours:
         tf.config.threading.set_intra_op_parallelism_threads(len(os.sched_getaffinity(0)))
-    if _user_thread_settings["TF_NUM_INTEROP_THREADS"] is None:
+    if "TF_NUM_INTEROP_THREADS" in _ours:
         tf.config.threading.set_inter_op_parallelism_threads(len(os.sched_getaffinity(0)))
 
 
