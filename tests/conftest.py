@@ -41,8 +41,9 @@ for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitte
         _xla_flags = f"{_xla_flags} {_flag}".strip()
 os.environ["XLA_FLAGS"] = _xla_flags
 
-# One compute thread per process. `-n 2` runs two test processes on the CI
-# machine's 2 cores, and many tests start more (CLI runs, two workers), so
+# One compute thread per PyTorch (OpenMP) and TensorFlow process (JAX's
+# XLA:CPU ignores these settings and keeps one per core). `-n 2` runs two
+# test processes on the CI machine's 2 cores, and many tests start more, so
 # the libraries' default of one thread per core oversubscribes the cores, and
 # idle threads that spin-wait for work (PyTorch's OpenMP) take the cores from
 # the processes doing the work. Measured on 2 cores: the PyTorch suite ran in
