@@ -910,7 +910,7 @@ def test_too_little_data_is_refused_before_training(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_checks_each_setting_and_keeps_the_record(tmp_path):
+def test_resume_checks_each_setting_and_keeps_the_record(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     x = (rng.random((16, 8, 8, 1)) > 0.5).astype("float32")
     out = tmp_path / "run"
@@ -922,22 +922,29 @@ def test_resume_checks_each_setting_and_keeps_the_record(tmp_path):
     assert record["reproducibility"] == {"seed": None, "deterministic_kernels": False}
     written = (out / "run.json").stat().st_mtime_ns
 
-    def refused(fragments, **changes):
+    builds = []
+    build = training.trainer._build_model
+    monkeypatch.setattr(training.trainer, "_build_model", lambda *args: builds.append(1) or build(*args))
+
+    def refused(fragments, built=False, **changes):
         call = dict(epochs=1, batch_size=8, data_info=data, **kwargs)
         call.update(changes)
+        builds.clear()
         with pytest.raises(ValueError, match="other settings") as error:
             training.train("mnist-baseline", x, out, **call)
         message = str(error.value)
         assert "\n" not in message and "optimizer" not in message  # the differing keys, not the recipe
         for fragment in fragments:
             assert fragment in message, message
+        # Settings other than the model's are refused before it is built.
+        assert builds == ([1] if built else []), changes
 
     refused(
         ["batch_size: recorded 8, requested 4", "`train` takes the global batch: batch_size=8)", "steps_per_epoch"],
         batch_size=4,
     )
     refused(["recipe.learning_rate: recorded 0.01, requested 0.002"], learning_rate=2e-3)
-    refused(["config.num_layers: recorded 2, requested 3"], config_overrides=dict(TINY, num_layers=3))
+    refused(["config.num_layers: recorded 2, requested 3"], built=True, config_overrides=dict(TINY, num_layers=3))
     refused(["data.limit: recorded None, requested 8"], data_info=dict(data, limit=8))
     refused(["reproducibility.seed: recorded None, requested 3"], seed=3, deterministic=False)
     with pytest.raises(ValueError, match="`deterministic` must be a bool. Received: deterministic='no'"):

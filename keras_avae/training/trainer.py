@@ -152,19 +152,28 @@ def _save_final(model, output_dir, portable):
 
 
 
-def _run_record(run, model):
-    """The content of `run.json`: the settings, of which a resume must keep some."""
-    record = {
-        "model": run.name or type(model).__name__,
-        "config": {k: v for k, v in model.get_config().items() if k != "name"},
-        "recipe": run.recipe,
-        "epochs": run.epochs,
-        "steps_per_epoch": run.steps_per_epoch,
-        "batch_size": run.batch_size,
-        "replicas": run.replicas,
-        "backend": BACKEND,
-        "compile_mode": compile_mode(model),
-    }
+def _run_record(run, model=None):
+    """The content of `run.json`: the settings, of which a resume must keep some.
+
+    Without `model`, the settings known before it is built (all but its
+    config and compile mode), which a resume checks first: a refusal then
+    comes before a full-size model is built.
+    """
+    record = {}
+    if model is not None or run.name:
+        record["model"] = run.name or type(model).__name__
+    if model is not None:
+        record["config"] = {k: v for k, v in model.get_config().items() if k != "name"}
+    record.update(
+        recipe=run.recipe,
+        epochs=run.epochs,
+        steps_per_epoch=run.steps_per_epoch,
+        batch_size=run.batch_size,
+        replicas=run.replicas,
+        backend=BACKEND,
+    )
+    if model is not None:
+        record["compile_mode"] = compile_mode(model)
     if run.data is not None:
         record["data"] = run.data
     if run.batch_from_dataset:
@@ -183,18 +192,21 @@ def _build_and_restore(model, strategy, run, config_overrides, jit_compile, save
     `run.json` holds other settings.
     """
     scope = strategy.scope() if strategy is not None and BACKEND == "tensorflow" else contextlib.nullcontext()
+    path = run.output_dir / "run.json"
     with scope:
-        model = _build_model(model, strategy, config_overrides, _recorded_feature_seed(run.output_dir / "run.json"))
+        backup = AtomicBackupAndRestore(
+            run.output_dir / "backup", save_freq=save_freq, steps_per_epoch=run.steps_per_epoch
+        )
+        committed = backup.read_state()
+        finished_epochs = committed["epoch"] if committed else None
+        _check_run_record(path, _run_record(run), finished_epochs)
+        model = _build_model(model, strategy, config_overrides, _recorded_feature_seed(path))
         check_guard_policy(model)
         optimizer = make_optimizer(run.recipe, run.steps_per_epoch, run.epochs)
         model.compile(optimizer=optimizer, jit_compile=jit_compile)
         optimizer.build(model.trainable_variables)
-        backup = AtomicBackupAndRestore(
-            run.output_dir / "backup", save_freq=save_freq, steps_per_epoch=run.steps_per_epoch
-        )
         record = _run_record(run, model)
-        committed = backup.read_state()
-        _check_run_record(run.output_dir / "run.json", record, committed["epoch"] if committed else None)
+        _check_run_record(path, record, finished_epochs)
         state = backup.restore(model)
     carried = state and state["step"] and state.get("epoch_means")
     backup.epoch_means = EpochMeans(resumed=(state["epoch"], carried) if carried else None)
