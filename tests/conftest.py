@@ -48,10 +48,10 @@ os.environ["XLA_FLAGS"] = _xla_flags
 # processes doing the work. Measured on 2 cores: the PyTorch suite ran in
 # 211 s instead of 441 (same tests pass). Subprocesses inherit it; a setting
 # the user made is kept. TensorFlow keeps its own thread counts (one per
-# core): full runs of its suite took 22:21 and 23:12 with them, 23:50 with
-# one thread in the processes tests start and 26:00 with one in every
-# TensorFlow process; and one thread changes the Gumbel cards' figures
-# (another order of the convolution sums flips some hard one-hot samples).
+# core): one thread in every TensorFlow process gained nothing (full runs of
+# its suite on one day: 26:00 with one thread, 26:18 with its own counts) and
+# changes the Gumbel cards' figures (another order of the convolution sums
+# flips some hard one-hot samples).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import keras  # noqa: E402
