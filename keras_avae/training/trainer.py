@@ -159,28 +159,28 @@ def _run_record(run, model=None):
     config and compile mode), which a resume checks first: a refusal then
     comes before a full-size model is built.
     """
-    record = {}
-    if model is not None or run.name:
-        record["model"] = run.name or type(model).__name__
-    if model is not None:
-        record["config"] = {k: v for k, v in model.get_config().items() if k != "name"}
-    record.update(
-        recipe=run.recipe,
-        epochs=run.epochs,
-        steps_per_epoch=run.steps_per_epoch,
-        batch_size=run.batch_size,
-        replicas=run.replicas,
-        backend=BACKEND,
-    )
-    if model is not None:
-        record["compile_mode"] = compile_mode(model)
+    settings = {
+        "recipe": run.recipe,
+        "epochs": run.epochs,
+        "steps_per_epoch": run.steps_per_epoch,
+        "batch_size": run.batch_size,
+        "replicas": run.replicas,
+        "backend": BACKEND,
+    }
     if run.data is not None:
-        record["data"] = run.data
+        settings["data"] = run.data
     if run.batch_from_dataset:
-        record["batch_size_from"] = "dataset"
+        settings["batch_size_from"] = "dataset"
     if run.reproducibility is not None:
-        record["reproducibility"] = run.reproducibility
-    return record
+        settings["reproducibility"] = run.reproducibility
+    if model is None:
+        return {"model": run.name, **settings} if run.name else settings
+    return {
+        "model": run.name or type(model).__name__,
+        "config": {k: v for k, v in model.get_config().items() if k != "name"},
+        **settings,
+        "compile_mode": compile_mode(model),
+    }
 
 
 def _build_and_restore(model, strategy, run, config_overrides, jit_compile, save_freq):
