@@ -844,7 +844,6 @@ def test_sigint_and_sigterm_checkpoint_the_step_and_resume(tmp_path, helper):
     130 / 143; the same command resumes and ends as an uninterrupted run."""
     epochs, steps_per_epoch = 3, 3
     total = epochs * steps_per_epoch
-    reference = helper("train", tmp_path / "reference", epochs, "--save-freq", 2)
     runs = {}
     for signum in (signal.SIGINT, signal.SIGTERM):
         out = tmp_path / signum.name
@@ -870,15 +869,18 @@ def test_sigint_and_sigterm_checkpoint_the_step_and_resume(tmp_path, helper):
         assert f"epoch {state['epoch'] + 1} of {epochs}, step {state['step']} of {steps_per_epoch}" in stopped[0]
         assert history_epochs(out) == [str(e) for e in range(1, state["epoch"] + 1)]
         runs[signum] = out, done
-    reference = result_of(reference)
     # Both resumed runs at once: each is mostly process start-up and tracing.
     resumed_runs = {signum: helper("train", out, epochs, "--save-freq", 2) for signum, (out, _) in runs.items()}
     for signum, (out, done) in runs.items():
         resumed = result_of(resumed_runs[signum])
-        assert resumed["batches"] == total - done
-        assert resumed["iterations"] == reference["iterations"] == total
-        assert resumed["kl_weight"] == reference["kl_weight"]
-        assert resumed["learning_rate"] == pytest.approx(reference["learning_rate"])
+        assert resumed["batches"] == total - done and resumed["iterations"] == total
+        # Where an uninterrupted run ends (the SIGKILL test runs one; here
+        # the schedules compute it): the last epoch's KL coefficient and the
+        # recorded recipe's learning rate after `total` steps.
+        assert resumed["kl_weight"] == pytest.approx(0.1 + 0.9 * (epochs - 1) / 16)
+        recipe = json.loads((out / "run.json").read_text())["recipe"]
+        optimizer = training.make_optimizer(recipe, steps_per_epoch, epochs)
+        assert resumed["learning_rate"] == pytest.approx(float(training._learning_rate_at(optimizer, total)))
         assert history_epochs(out) == ["1", "2", "3"] and (out / "model.keras").is_file()
 
 
