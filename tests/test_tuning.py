@@ -1,5 +1,6 @@
 """Tests of keras_avae.tuning: the search space reaches the model, builds are
-deterministic, and a tiny KerasTuner search minimises the validation NELBO."""
+deterministic, and a tiny KerasTuner search minimises the validation NELBO
+and resumes only with the space it was started with."""
 
 import shutil
 import warnings
@@ -176,37 +177,6 @@ def test_overrides_of_seed_or_unknown_keys_are_refused_at_construction():
     assert model.seed == 5
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(
-    keras.backend.backend() != "tensorflow",
-    reason="the search loop is KerasTuner's, backend-independent; run once, on TensorFlow. "
-    "`build(hp)` is tested on every backend above",
-)
-def test_random_search_minimises_validation_nelbo(tmp_path):
-    rng = np.random.default_rng(0)
-    x = (rng.random((32, 8, 8, 1)) > 0.5).astype("float32")
-    hypermodel = VAEHyperModel(
-        "mnist-attentive-small",
-        steps_per_epoch=4,
-        epochs=1,
-        search_space=dict(SPACE, generative_attention=[False], inference_attention=[False], nonlocal_blocks=[False]),
-        overrides=TINY,
-        jit_compile=False,
-    )
-    tuner = keras_tuner.RandomSearch(
-        hypermodel, objective=OBJECTIVE, max_trials=2, seed=1, directory=tmp_path, project_name="tiny"
-    )
-    tuner.search(x[:24], validation_data=(x[24:], None), epochs=1, batch_size=6, verbose=0)
-    trials = [t for t in tuner.oracle.trials.values() if t.score is not None]
-    assert len(trials) == 2
-    best = tuner.oracle.get_best_trials(1)[0]
-    assert best.score == min(t.score for t in trials) and np.isfinite(best.score)
-    # The score is the validation NELBO of the trained trial model.
-    model = tuner.get_best_models(1)[0]
-    logs = model.evaluate(x[24:], batch_size=8, return_dict=True, verbose=0)
-    assert logs["nelbo"] == pytest.approx(best.score, rel=0.2)
-
-
 def test_reloaded_trial_weights_restore_the_optimizer(tmp_path):
     # KerasTuner's Hyperband (next round) and `get_best_models` rebuild with
     # `build(hp)` and `load_weights` the trial's checkpoint. Before: the
@@ -294,6 +264,10 @@ class CountingHyperModel(VAEHyperModel):
         return super().build(hp)
 
 
+_search_images = (np.random.default_rng(0).random((32, 8, 8, 1)) > 0.5).astype("float32")
+SEARCH_TRAIN, SEARCH_VALIDATION = _search_images[:24], _search_images[24:]
+
+
 def tiny_search(directory, max_trials, search_space=RESUME_SPACE, overrides=TINY):
     """A random search of 1-epoch trials on 24 random 8x8 images, resumed where `directory` holds one."""
     hypermodel = CountingHyperModel(
@@ -307,9 +281,8 @@ def tiny_search(directory, max_trials, search_space=RESUME_SPACE, overrides=TINY
     tuner = keras_tuner.RandomSearch(
         hypermodel, objective=OBJECTIVE, max_trials=max_trials, seed=1, directory=directory, project_name="tiny"
     )
-    x = (np.random.default_rng(0).random((32, 8, 8, 1)) > 0.5).astype("float32")
     CountingHyperModel.builds = 0
-    tuner.search(x[:24], validation_data=(x[24:], None), epochs=1, batch_size=6, verbose=0)
+    tuner.search(SEARCH_TRAIN, validation_data=(SEARCH_VALIDATION, None), epochs=1, batch_size=6, verbose=0)
     return tuner
 
 
@@ -333,6 +306,12 @@ def test_a_resumed_search_with_the_same_space_keeps_its_finished_trials(one_tria
     assert CountingHyperModel.builds == 1  # the new trial only
     trials = finished(tuner)
     assert len(trials) == 2 and {i: trials[i] for i in first} == first
+    # The search minimises the validation NELBO, and a trial's score is the
+    # validation NELBO of its trained model (reloaded from its checkpoint).
+    best_trial = tuner.oracle.get_best_trials(1)[0]
+    assert best_trial.score == min(score for _, score in trials.values()) and np.isfinite(best_trial.score)
+    logs = tuner.get_best_models(1)[0].evaluate(SEARCH_VALIDATION, batch_size=8, return_dict=True, verbose=0)
+    assert logs["nelbo"] == pytest.approx(best_trial.score, rel=0.2)
     # The best configuration rebuilds with a hypermodel of other `epochs` (to retrain it longer).
     best = tuner.get_best_hyperparameters(1)[0]
     retrain = VAEHyperModel("mnist-attentive-small", steps_per_epoch=4, epochs=3, search_space=RESUME_SPACE, overrides=TINY)
