@@ -111,6 +111,13 @@ def test_recipe_schedule_and_optimizer():
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(optimizer))
     assert isinstance(restored, training.NonFiniteGuard)
     assert restored.inner_optimizer._learning_rate.get_config() == inner._learning_rate.get_config()
+    # schedule=False: a plain rate from the schedule's step 0, which a caller sets every step
+    # (benchmarks/gpu_train.py); the rest as with the schedule.
+    plain = training.make_optimizer(recipe, steps_per_epoch=10, schedule=False)
+    assert float(numpy_of(plain.learning_rate)) == pytest.approx(float(numpy_of(schedule(0)))) == pytest.approx(1e-4)
+    assert (plain.inner_optimizer.epsilon, plain.inner_optimizer.global_clipnorm) == (1e-3, 200.0)
+    plain.learning_rate = float(numpy_of(schedule(50)))
+    assert float(numpy_of(plain.inner_optimizer.learning_rate)) == pytest.approx(1e-2)
 
     # mnist-gumbel: Adam, no warm-up keys: a constant rate.
     gumbel = training.make_optimizer(training.resolve_recipe("mnist-gumbel"), 10, guard=False)

@@ -20,7 +20,7 @@ BACKEND = keras.backend.backend()
 _OPTIMIZERS = ("adamax", "adam")
 
 
-def make_optimizer(recipe, steps_per_epoch, epochs=None, guard=True):
+def make_optimizer(recipe, steps_per_epoch, epochs=None, guard=True, schedule=True):
     """The recipe's optimizer: Adamax (or Adam) on `make_schedule`'s schedule.
 
     Args:
@@ -31,6 +31,13 @@ def make_optimizer(recipe, steps_per_epoch, epochs=None, guard=True):
         steps_per_epoch: int, optimizer steps per epoch.
         epochs: run length in epochs; defaults to `recipe["epochs"]`.
         guard: wrap the optimizer in `NonFiniteGuard` (default).
+        schedule: `True` (default) puts `make_schedule`'s schedule in the
+            optimizer. `False` gives it a plain rate instead (a variable set to
+            the schedule's rate at step 0), for a caller that sets
+            `optimizer.learning_rate` from `make_schedule` before every step:
+            the compiled step then does not depend on the run's length, so
+            a JAX step compiled once serves a run whose length is decided
+            after timing it.
 
     Returns:
         A `NonFiniteGuard` around the optimizer (its `inner_optimizer`), or
@@ -57,8 +64,11 @@ def make_optimizer(recipe, steps_per_epoch, epochs=None, guard=True):
         # per weight, and flat moment buffers on PyTorch; on JAX, which
         # compiles the whole step, Keras' own.
         cls = FusedAdamax if BACKEND in ("tensorflow", "torch") else keras.optimizers.Adamax
+    learning_rate = make_schedule(recipe, steps_per_epoch, epochs)
+    if not schedule:
+        learning_rate = float(learning_rate(0))
     optimizer = cls(
-        learning_rate=make_schedule(recipe, steps_per_epoch, epochs),
+        learning_rate=learning_rate,
         global_clipnorm=clipnorm,
         name=kind,
         **kwargs,
