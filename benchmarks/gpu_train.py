@@ -1,13 +1,13 @@
 """Trains a paper-size zoo entry on one GPU for a fixed wall time and scores it.
 
-For a GPU machine with PyTorch but without TensorFlow (so no `tf.data`,
-no `keras-avae train`): the data travel as one `.npz` made beforehand by
-`prepare` where TensorFlow is installed, and `run` trains with
-`train_on_batch` on the PyTorch backend in bf16 mixed precision, with the
-entry's recipe (Adamax, `NonFiniteGuard`, warm-up + cosine learning rate,
-KL warm-up) compressed into the time budget: the schedule's length comes
-from the step time measured before training starts. It prints, and writes
-to `--output`:
+For a GPU machine with PyTorch and JAX but without TensorFlow (so no
+`tf.data`, no `keras-avae train`): the data travel as one `.npz` made
+beforehand by `prepare` where TensorFlow is installed, and `run` trains with
+`train_on_batch` on the PyTorch backend (eager) or the JAX backend (the step
+compiled once by XLA) in bf16 mixed precision, with the entry's recipe
+(Adamax, `NonFiniteGuard`, warm-up + cosine learning rate, KL warm-up)
+compressed into the time budget: the schedule's length comes from the step
+time measured before training starts. It prints, and writes to `--output`:
 
 - the training step's images/s, steps, images seen and wall time;
 - `<entry>.float16.weights.h5` (the shipped format);
@@ -26,12 +26,20 @@ to `--output`:
     KERAS_BACKEND=torch python benchmarks/gpu_train.py run --data .gpu/omniglot.npz \\
         --entry omniglot-attentive --init-weights zoo/omniglot-attentive.weights.h5 --kl-warmup-fraction 0 ...
 
+On JAX (`KERAS_BACKEND=jax`; TFP's JAX substrate, which the ELBO uses there,
+travels as wheels) the first step compiles: about two minutes for the
+paper-size OMNIGLOT step on a CPU. That happens in the untimed warm-up
+steps, before `--train-seconds` starts counting: leave room for it in the
+call's time limit. Scoring compiles its own pass once more.
+
 The device returns files of at most 16 MiB; the paper-size OMNIGLOT float16
 file is 16.9 MiB, so `--split-mib 15` writes it in parts too (join them with
 `cat`).
 """
 
 import argparse
+import contextlib
+import importlib
 import json
 import os
 import pathlib
@@ -62,6 +70,67 @@ def prepare(args):
     np.savez_compressed(output, train_grey=grey.astype(np.float16), test=test.astype(np.uint8), every=args.every)
     print(f"{output}: {len(grey)} train images, {len(test)} test images (every {args.every}th), "
           f"{output.stat().st_size / 2**20:.1f} MiB")
+
+
+# --- The backend's GPU: PyTorch (eager) or JAX (XLA); the rest is Keras. ---
+def _backend():
+    return os.environ.get("KERAS_BACKEND")
+
+
+def _device_name():
+    if _backend() == "jax":
+        import jax
+
+        return jax.devices()[0].device_kind
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def _peak_memory_gib():
+    """Peak GPU memory held by the backend's tensors, or None off a GPU."""
+    if _backend() == "jax":
+        import jax
+
+        stats = jax.devices()[0].memory_stats() or {}
+        return stats["peak_bytes_in_use"] / 2**30 if "peak_bytes_in_use" in stats else None
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+
+
+def _out_of_memory(error):
+    if _backend() == "jax":
+        return "RESOURCE_EXHAUSTED" in str(error)
+    import torch
+
+    return isinstance(error, torch.OutOfMemoryError)
+
+
+def _free_memory():
+    if _backend() == "torch":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def _full_float32():
+    """Float32 matrix products and convolutions without TF32 (scoring's precision)."""
+    if _backend() == "jax":
+        import jax
+
+        with jax.default_matmul_precision("highest"):
+            yield
+        return
+    import torch
+
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def _write(output, results):
@@ -120,46 +189,62 @@ class _Batches:
 
 
 def train(args, data, results, output):
-    """Trains `args.entry` for about `args.train_seconds`; returns the trained model."""
+    """Trains `args.entry` for about `args.train_seconds`; returns the trained model.
+
+    The step is compiled once (on JAX a compile of the paper-size step takes
+    minutes): the optimizer gets a plain learning rate that the loop sets
+    from the recipe's schedule before every step, so the step timed first
+    is the one that trains, whatever the run's length turns out to be.
+    """
     import keras
-    import torch
 
     from keras_avae import zoo
     from keras_avae.training import KLWarmup
     from keras_avae.training import make_optimizer
+    from keras_avae.training import make_schedule
     from keras_avae.training import resolve_recipe
     from keras_avae.training.optimizers import check_guard_policy
 
     # `--init-weights` continues an earlier run's shipped float16 weights (a new schedule, fresh optimizer slots).
     model = zoo.load(args.entry, weights=args.init_weights, seed=0, dtype=args.dtype)
+    check_guard_policy(model)  # --dtype mixed_float16 would hide NaN steps from the guard
     initial = model.get_weights()
+
+    def plan(epochs):
+        return resolve_recipe(
+            args.entry,
+            learning_rate=args.learning_rate,
+            min_learning_rate=min(args.min_learning_rate, args.learning_rate),
+            epochs=epochs,
+            warmup_epochs=max(1, round(0.05 * epochs)),
+            kl_warmup_epochs=0 if args.kl_warmup_fraction == 0 else max(1, round(args.kl_warmup_fraction * epochs)),
+        )
+
+    optimizer = make_optimizer(plan(1), args.steps_per_epoch, 1, schedule=False)
+    model.compile(optimizer=optimizer)
+    optimizer.build(model.trainable_variables)
+    fresh = [keras.ops.convert_to_numpy(v) for v in optimizer.variables]
     # The step time sets the schedule's length; the timing steps' updates are discarded.
-    model.compile(optimizer=keras.optimizers.Adamax(1e-4))
     while True:
         batches = _Batches(data["train_grey"], args.batch_size, seed=args.data_seed)
         try:
             step_seconds = _timed_steps(model, [next(batches) for _ in range(args.timing_steps + 3)], warmup=3)
             break
-        except torch.OutOfMemoryError:  # one GPU call must not be lost to a batch too large
-            if args.batch_size < 32:
+        except Exception as error:  # one GPU call must not be lost to a batch too large
+            if not _out_of_memory(error) or args.batch_size < 32:
                 raise
             print(f"batch {args.batch_size}: out of GPU memory; trying {args.batch_size // 2}", flush=True)
             args.batch_size //= 2
-            torch.cuda.empty_cache()
+            _free_memory()
     model.set_weights(initial)
+    for variable, value in zip(optimizer.variables, fresh):
+        variable.assign(value)
     steps = max(args.steps_per_epoch, int(args.train_seconds / step_seconds))
     epochs = max(1, steps // args.steps_per_epoch)
     steps = epochs * args.steps_per_epoch
-    recipe = resolve_recipe(
-        args.entry,
-        learning_rate=args.learning_rate,
-        min_learning_rate=min(args.min_learning_rate, args.learning_rate),
-        epochs=epochs,
-        warmup_epochs=max(1, round(0.05 * epochs)),
-        kl_warmup_epochs=0 if args.kl_warmup_fraction == 0 else max(1, round(args.kl_warmup_fraction * epochs)),
-    )
-    check_guard_policy(model)  # --dtype mixed_float16 would hide NaN steps from the guard
-    model.compile(optimizer=make_optimizer(recipe, args.steps_per_epoch, epochs))
+    recipe = plan(epochs)
+    # The schedule's rate for every optimizer step (a skipped non-finite step does not advance it).
+    rates = keras.ops.convert_to_numpy(make_schedule(recipe, args.steps_per_epoch, epochs)(np.arange(steps + 1)))
     kl = KLWarmup(recipe["kl_warmup_epochs"], recipe["kl_min"])
     results["training"] = {
         "entry": args.entry, "dtype": args.dtype, "batch_size": args.batch_size,
@@ -177,10 +262,11 @@ def train(args, data, results, output):
     for step in range(steps):
         if step % args.steps_per_epoch == 0:
             model.kl_weight.assign(kl.beta(step // args.steps_per_epoch))
+        optimizer.learning_rate = rates[min(int(keras.ops.convert_to_numpy(optimizer.iterations)), steps)]
         logs = model.train_on_batch(next(batches), return_dict=True)
         if step % args.log_every == 0 or step == steps - 1:
             elapsed = time.perf_counter() - start
-            row = {"step": step + 1, "seconds": round(elapsed, 1),
+            row = {"step": step + 1, "seconds": round(elapsed, 1), "learning_rate": float(optimizer.learning_rate),
                    **{k: round(float(v), 4) for k, v in logs.items()}}
             history.append(row)
             print(json.dumps(row), flush=True)
@@ -226,12 +312,8 @@ def _write_parts(path, mib):
 
 def evaluate(args, data, weights, results, output):
     """K-sample NLL, in float32 with TF32 off, of `zoo.load(entry)` with the float16 weights."""
-    import torch
-
     from keras_avae import evaluation, zoo
 
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
     model = zoo.load(args.entry, weights=str(weights))
     test = data["test"].astype(np.float32)
     start = time.perf_counter()
@@ -250,10 +332,11 @@ def evaluate(args, data, weights, results, output):
     # What a progress file must match to be continued (as `keras-avae evaluate --progress`).
     run_info = {"name": args.entry, "weights_sha256": _sha256(weights), "every": int(data["every"]),
                 "batch_size": _EVALUATE_BATCH}
-    scores = evaluation.score_batches(
-        model, batches(), num_samples=args.num_samples, seed=_EVALUATE_SEED, report=report,
-        chunk_size=args.chunk_size, progress_path=args.progress, run_info=run_info,
-    )
+    with _full_float32():
+        scores = evaluation.score_batches(
+            model, batches(), num_samples=args.num_samples, seed=_EVALUATE_SEED, report=report,
+            chunk_size=args.chunk_size, progress_path=args.progress, run_info=run_info,
+        )
     np.savez(output / "scores.npz", log_px=scores["log_px"], elbo=scores["elbo"])
     results["evaluation"] = {
         "num_samples": args.num_samples, "images": int(len(scores["log_px"])),
@@ -267,30 +350,30 @@ def evaluate(args, data, weights, results, output):
 
 def run(args):
     import keras
-    import torch
 
     started = time.perf_counter()
     output = pathlib.Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
-    # Fixed shapes: let cuDNN time its convolution algorithms once per shape.
-    torch.backends.cudnn.benchmark = True
-    results = {"backend": keras.backend.backend(), "keras": keras.__version__, "torch": torch.__version__,
-               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+    backend = keras.backend.backend()
+    framework = importlib.import_module(backend)
+    if backend == "torch":
+        # Fixed shapes: let cuDNN time its convolution algorithms once per shape (XLA autotunes itself).
+        framework.backends.cudnn.benchmark = True
+    results = {"backend": backend, "keras": keras.__version__, backend: framework.__version__, "device": _device_name()}
     print(json.dumps(results), flush=True)
     data = dict(np.load(args.data))
     if args.weights:
         weights = pathlib.Path(args.weights)  # trained before: score it only
     else:
         model = train(args, data, results, output)
-        if torch.cuda.is_available():
-            results["training"]["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        results["training"]["peak_gpu_memory_gib"] = _peak_memory_gib()
         weights = save_float16(model, args, output)
         if args.split_mib:
             _write_parts(weights, args.split_mib)
         del model
-        torch.cuda.empty_cache()
+        _free_memory()
     evaluate(args, data, weights, results, output)
-    torch.cuda.empty_cache()
+    _free_memory()
     left = args.deadline_seconds - (time.perf_counter() - started)
     if args.cifar10 and left > args.throughput_seconds:
         try:
@@ -310,7 +393,7 @@ def main(argv=None):
     p.add_argument("--data-dir", required=True)
     p.add_argument("--output", required=True)
     p.add_argument("--every", type=int, default=6, help="every N-th test image")
-    r = commands.add_parser("run", help="train, save and score on the GPU (PyTorch backend)")
+    r = commands.add_parser("run", help="train, save and score on the GPU (PyTorch or JAX backend)")
     r.add_argument("--data", required=True)
     r.add_argument("--output", required=True)
     r.add_argument("--entry", default="omniglot-attentive")
@@ -348,8 +431,8 @@ def main(argv=None):
                 "--throughput-steps must be at least 1 and --throughput-warmup at least 0. "
                 f"Received: --throughput-steps {args.throughput_steps} --throughput-warmup {args.throughput_warmup}"
             )
-        if os.environ.get("KERAS_BACKEND") != "torch":
-            parser.error(f"`run` needs KERAS_BACKEND=torch. Received: KERAS_BACKEND={os.environ.get('KERAS_BACKEND')!r}")
+        if _backend() not in ("torch", "jax"):
+            parser.error(f"`run` needs KERAS_BACKEND=torch or jax. Received: KERAS_BACKEND={_backend()!r}")
         run(args)
 
 

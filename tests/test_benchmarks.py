@@ -109,39 +109,61 @@ def test_train_throughput_benchmark_against_a_revision(tmp_path):
     assert baseline["flops"] > 0 and baseline["rounds"]["step"][0]["keras_avae"] != os.path.join(ROOT, "keras_avae")
 
 
-def _gpu_train(tmp_path, *extra):
+def _gpu_train(tmp_path, *extra, entry="omniglot-attentive-small", env=None):
     command = [sys.executable, os.path.join(ROOT, "benchmarks", "gpu_train.py"), "run", "--data", str(tmp_path / "data.npz")]
-    command += ["--entry", "omniglot-attentive-small", "--num-samples", "2", "--eval-seconds", "0.1", *extra]
-    env = {**os.environ, "KERAS_BACKEND": "torch"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    command += ["--entry", entry, "--num-samples", "2", "--eval-seconds", "0.1", *extra]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
     assert done.returncode == 0, done.stderr[-2000:]
     output = extra[list(extra).index("--output") + 1]
-    return json.loads((pathlib.Path(output) / "results.json").read_text())
+    return json.loads((pathlib.Path(output) / "results.json").read_text()), done.stderr
+
+
+def _gpu_train_data(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    test = (rng.random((60, 32, 32, 1)) < 0.2).astype(np.uint8)
+    np.savez(tmp_path / "data.npz", train_grey=rng.random((40, 28, 28, 1)).astype(np.float16), test=test, every=6)
+
+
+def _check_learning_rates(training):
+    """The rates the loop set before each logged step are the recipe's schedule at that step."""
+    import numpy as np
+
+    from keras_avae.training import make_schedule
+    from keras_avae.training import resolve_recipe
+
+    recipe = resolve_recipe(training["entry"], **training["recipe"])
+    schedule = make_schedule(recipe, training["pseudo_epoch_steps"], recipe["epochs"])
+    logged = [row["learning_rate"] for row in training["history"]]
+    expected = [float(schedule(row["step"] - 1)) for row in training["history"]]
+    np.testing.assert_allclose(logged, expected, rtol=1e-6)
+    assert len(set(logged)) > 1  # the rate moved: it is set every step, not once
 
 
 @pytest.mark.skipif(
     os.environ.get("KERAS_BACKEND", "tensorflow") != "torch",
-    reason="the script runs on PyTorch (the GPU machine has no TensorFlow); run once, in the torch session",
+    reason="the script runs on PyTorch or JAX (the GPU machine has no TensorFlow); this test runs once, "
+    "in the torch session, and the JAX path has its own below",
 )
 def test_gpu_train_script_trains_saves_and_scores_resumably(tmp_path):
     import numpy as np
 
     import keras_avae
 
-    rng = np.random.default_rng(0)
-    test = (rng.random((60, 32, 32, 1)) < 0.2).astype(np.uint8)
-    np.savez(tmp_path / "data.npz", train_grey=rng.random((40, 28, 28, 1)).astype(np.float16), test=test, every=6)
+    _gpu_train_data(tmp_path)
     out = tmp_path / "out"
-    results = _gpu_train(
+    results, _ = _gpu_train(
         tmp_path, "--output", str(out), "--batch-size", "4", "--train-seconds", "0.1", "--timing-steps", "1",
         "--steps-per-epoch", "2", "--log-every", "1", "--progress", str(out / "progress.npz"),
         "--throughput-entry", "mnist-baseline-small", "--deadline-seconds", "900", "--throughput-seconds", "1",
         "--throughput-warmup", "1", "--throughput-steps", "1",
     )
     training = results["training"]
-    # At least one schedule "epoch"; each step's loss logged and finite.
+    # At least one schedule "epoch"; each step's loss logged and finite; the timing steps' updates undone.
     assert training["steps"] == training["optimizer_iterations"] == 2 and training["images_seen"] == 8
     assert len(training["history"]) == 2 and all(np.isfinite(row["nelbo"]) for row in training["history"])
+    _check_learning_rates(training)
     assert results["cifar10_throughput"]["images_per_second"] > 0
     # The float16 file of the trained weights loads into the entry's default model.
     weights = out / "omniglot-attentive-small.float16.weights.h5"
@@ -153,7 +175,7 @@ def test_gpu_train_script_trains_saves_and_scores_resumably(tmp_path):
     again = _gpu_train(
         tmp_path, "--output", str(out), "--weights", str(weights), "--progress", str(out / "progress.npz"),
         "--no-cifar10",
-    )["evaluation"]
+    )[0]["evaluation"]
     assert again["images"] == 50 and again["resumed_images"] == 25
     assert again["weights_sha256"] == first["weights_sha256"]
     # `--init-weights` trains on from a float16 file: with a vanishing learning rate the trainable
@@ -163,7 +185,7 @@ def test_gpu_train_script_trains_saves_and_scores_resumably(tmp_path):
         tmp_path, "--output", str(continued), "--init-weights", str(weights), "--learning-rate", "1e-20",
         "--kl-warmup-fraction", "0", "--batch-size", "4", "--train-seconds", "0.1", "--timing-steps", "1",
         "--steps-per-epoch", "2", "--no-cifar10", "--data-seed", "1", "--split-mib", "0.1",
-    )["training"]
+    )[0]["training"]
     assert training["init_weights"] == str(weights) and training["recipe"]["kl_warmup_epochs"] == 0
     before = keras_avae.zoo.load("omniglot-attentive-small", weights=str(weights))
     after = keras_avae.zoo.load(
@@ -176,3 +198,32 @@ def test_gpu_train_script_trains_saves_and_scores_resumably(tmp_path):
     assert len(parts) > 1 and all(part.stat().st_size <= 0.1 * 2**20 for part in parts)
     joined = b"".join(part.read_bytes() for part in parts)
     assert joined == (continued / "omniglot-attentive-small.float16.weights.h5").read_bytes()
+
+
+@pytest.mark.skipif(
+    os.environ.get("KERAS_BACKEND", "tensorflow") != "jax",
+    reason="the script's JAX path (XLA on the GPU); the PyTorch path has the test above",
+)
+def test_gpu_train_script_on_jax_compiles_the_training_step_once(tmp_path):
+    import numpy as np
+
+    import keras_avae
+
+    _gpu_train_data(tmp_path)
+    out = tmp_path / "out"
+    # The smallest binary entry: two compiles (training, scoring) of a paper-size step take minutes.
+    results, log = _gpu_train(
+        tmp_path, "--output", str(out), "--batch-size", "4", "--train-seconds", "0.1", "--timing-steps", "1",
+        "--steps-per-epoch", "4", "--log-every", "1", "--no-cifar10",
+        entry="mnist-baseline-small", env={"JAX_LOG_COMPILES": "1"},
+    )
+    training = results["training"]
+    assert results["backend"] == "jax" and training["steps"] == training["optimizer_iterations"] == 4
+    assert all(np.isfinite(row["nelbo"]) for row in training["history"])
+    _check_learning_rates(training)
+    # One XLA compile of the training step for the timing steps and the run, although the run's
+    # length (so its schedule) was decided after timing the step.
+    assert log.count("Finished XLA compilation of jit(train_step)") == 1, log[-3000:]
+    model = keras_avae.zoo.load("mnist-baseline-small", weights=str(out / "mnist-baseline-small.float16.weights.h5"))
+    assert model.count_params() == training["parameters"]
+    assert results["evaluation"]["images"] == 25 and np.isfinite(results["evaluation"]["nll_nats"])
