@@ -372,8 +372,11 @@ def run(args):
             _write_parts(weights, args.split_mib)
         del model
         _free_memory()
-    evaluate(args, data, weights, results, output)
-    _free_memory()
+    if args.eval_seconds > 0:
+        evaluate(args, data, weights, results, output)
+        _free_memory()
+    else:  # trained only: scored in a later call (`--weights`), which pays for its own compile
+        results["evaluation"] = {"skipped": "--eval-seconds 0"}
     left = args.deadline_seconds - (time.perf_counter() - started)
     if args.cifar10 and left > args.throughput_seconds:
         try:
@@ -403,7 +406,7 @@ def main(argv=None):
     r.add_argument("--min-learning-rate", type=float, default=1e-4, help="the cosine's end (at most --learning-rate)")
     r.add_argument("--kl-warmup-fraction", type=float, default=0.2)
     r.add_argument("--train-seconds", type=float, default=270)
-    r.add_argument("--eval-seconds", type=float, default=150)
+    r.add_argument("--eval-seconds", type=float, default=150, help="scoring budget; 0 skips scoring")
     r.add_argument("--num-samples", type=int, default=500)
     r.add_argument("--chunk-size", type=int, default=None, help="samples per top-down pass in scoring")
     r.add_argument("--weights", help="score these float16 weights instead of training")
@@ -424,6 +427,8 @@ def main(argv=None):
     if args.command == "prepare":
         prepare(args)
     else:
+        if not args.eval_seconds >= 0:
+            parser.error(f"--eval-seconds must be at least 0. Received: --eval-seconds {args.eval_seconds}")
         if args.split_mib is not None and not args.split_mib > 0:
             parser.error(f"--split-mib must be positive. Received: --split-mib {args.split_mib}")
         if args.throughput_steps < 1 or args.throughput_warmup < 0:

@@ -184,8 +184,10 @@ def test_gpu_train_script_trains_saves_and_scores_resumably(tmp_path):
     training = _gpu_train(
         tmp_path, "--output", str(continued), "--init-weights", str(weights), "--learning-rate", "1e-20",
         "--kl-warmup-fraction", "0", "--batch-size", "4", "--train-seconds", "0.1", "--timing-steps", "1",
-        "--steps-per-epoch", "2", "--no-cifar10", "--data-seed", "1", "--split-mib", "0.1",
-    )[0]["training"]
+        "--steps-per-epoch", "2", "--no-cifar10", "--data-seed", "1", "--split-mib", "0.1", "--eval-seconds", "0",
+    )[0]
+    assert training["evaluation"] == {"skipped": "--eval-seconds 0"}  # trained and saved only
+    training = training["training"]
     assert training["init_weights"] == str(weights) and training["recipe"]["kl_warmup_epochs"] == 0
     before = keras_avae.zoo.load("omniglot-attentive-small", weights=str(weights))
     after = keras_avae.zoo.load(
