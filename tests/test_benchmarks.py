@@ -217,7 +217,8 @@ def test_gpu_train_script_on_jax_compiles_the_training_step_once(tmp_path):
     results, log = _gpu_train(
         tmp_path, "--output", str(out), "--batch-size", "4", "--train-seconds", "0.1", "--timing-steps", "1",
         "--steps-per-epoch", "4", "--log-every", "1", "--no-cifar10",
-        entry="mnist-baseline-small", env={"JAX_LOG_COMPILES": "1"},
+        # Every compile logged, none served from the session's persistent cache.
+        entry="mnist-baseline-small", env={"JAX_LOG_COMPILES": "1", "JAX_ENABLE_COMPILATION_CACHE": "false"},
     )
     training = results["training"]
     assert results["backend"] == "jax" and training["steps"] == training["optimizer_iterations"] == 4
