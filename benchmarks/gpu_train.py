@@ -138,13 +138,15 @@ def _write(output, results):
 
 
 def _timed_steps(model, batches, warmup):
-    """Seconds per step over `batches` after `warmup` untimed steps (synchronised by the logs)."""
+    """Seconds per step over `batches` after `warmup` untimed steps (synchronised by the logs), and the
+    seconds of those warm-up steps (a JAX compile or cuDNN's autotuning is in them)."""
+    start = time.perf_counter()
     for x in batches[:warmup]:
         model.train_on_batch(x, return_dict=True)
-    start = time.perf_counter()
+    warmed = time.perf_counter()
     for x in batches[warmup:]:
         model.train_on_batch(x, return_dict=True)  # returns NumPy logs: waits for the GPU
-    return (time.perf_counter() - start) / (len(batches) - warmup)
+    return (time.perf_counter() - warmed) / (len(batches) - warmup), warmed - start
 
 
 def cifar10_throughput(args):
@@ -161,9 +163,9 @@ def cifar10_throughput(args):
     shape = (batch, *entry["config"]["image_shape"])
     count = args.throughput_warmup + args.throughput_steps
     batches = [rng.integers(0, 256, shape).astype("float32") / 127.5 - 1.0 for _ in range(count)]
-    seconds = _timed_steps(model, batches, warmup=args.throughput_warmup)
+    seconds, warmup_seconds = _timed_steps(model, batches, warmup=args.throughput_warmup)
     return {"entry": args.throughput_entry, "parameters": model.count_params(), "batch": batch,
-            "seconds_per_step": seconds, "images_per_second": batch / seconds}
+            "seconds_per_step": seconds, "images_per_second": batch / seconds, "warmup_seconds": warmup_seconds}
 
 
 class _Batches:
@@ -228,7 +230,9 @@ def train(args, data, results, output):
     while True:
         batches = _Batches(data["train_grey"], args.batch_size, seed=args.data_seed)
         try:
-            step_seconds = _timed_steps(model, [next(batches) for _ in range(args.timing_steps + 3)], warmup=3)
+            step_seconds, warmup_seconds = _timed_steps(
+                model, [next(batches) for _ in range(args.timing_steps + 3)], warmup=3
+            )
             break
         except Exception as error:  # one GPU call must not be lost to a batch too large
             if not _out_of_memory(error) or args.batch_size < 32:
@@ -250,6 +254,7 @@ def train(args, data, results, output):
         "entry": args.entry, "dtype": args.dtype, "batch_size": args.batch_size,
         "init_weights": args.init_weights, "data_seed": args.data_seed,
         "parameters": model.count_params(), "timed_step_seconds": step_seconds,
+        "warmup_seconds": warmup_seconds,  # the first 3 steps, the compile included
         "steps_planned": steps, "pseudo_epoch_steps": args.steps_per_epoch,
         "recipe": {k: recipe[k] for k in ("learning_rate", "min_learning_rate", "warmup_epochs",
                                           "kl_warmup_epochs", "kl_min", "epochs")},
