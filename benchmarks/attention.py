@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 
+from device_memory import gpu_peak_bytes  # benchmarks/, this script's folder
+
 METHODS = ("exact", "favor")
 # Upper estimate of the number of B * N * T^2 float32 tensors alive at the
 # peak of exact attention's forward + backward pass (measured on JAX/CPU at
@@ -107,24 +109,6 @@ def _make_step(layer, x, causal, backend):
     raise ValueError(f"Unsupported backend: {backend}")
 
 
-def _gpu_peak_bytes(backend):
-    """The framework's peak device memory, or None on CPU."""
-    if backend == "jax":
-        import jax
-
-        device = jax.devices()[0]
-        return device.memory_stats().get("peak_bytes_in_use") if device.platform == "gpu" else None
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        if not tf.config.list_physical_devices("GPU"):
-            return None
-        return tf.config.experimental.get_memory_info("GPU:0")["peak"]
-    import torch
-
-    return torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
-
-
 def run_worker(args):
     import keras
     import numpy as np
@@ -150,7 +134,7 @@ def run_worker(args):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    gpu_peak = _gpu_peak_bytes(backend)
+    gpu_peak = gpu_peak_bytes(backend)
     result = {
         "backend": backend,
         "device": "gpu" if gpu_peak is not None else "cpu",

@@ -48,6 +48,8 @@ import time
 
 import numpy as np
 
+from device_memory import gpu_peak_bytes  # benchmarks/, this script's folder
+
 # tools/fill_card.py: the float16 copy and sha256 the zoo's cards use.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tools"))
 
@@ -85,18 +87,6 @@ def _device_name():
     import torch
 
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-
-
-def _peak_memory_gib():
-    """Peak GPU memory held by the backend's tensors, or None off a GPU."""
-    if _backend() == "jax":
-        import jax
-
-        stats = jax.devices()[0].memory_stats() or {}
-        return stats["peak_bytes_in_use"] / 2**30 if "peak_bytes_in_use" in stats else None
-    import torch
-
-    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
 
 
 def _out_of_memory(error):
@@ -248,7 +238,7 @@ def train(args, data, results, output):
     steps = epochs * args.steps_per_epoch
     recipe = plan(epochs)
     # The schedule's rate for every optimizer step (a skipped non-finite step does not advance it).
-    rates = keras.ops.convert_to_numpy(make_schedule(recipe, args.steps_per_epoch, epochs)(np.arange(steps + 1)))
+    rates = keras.ops.convert_to_numpy(make_schedule(recipe, args.steps_per_epoch, epochs)(np.arange(steps)))
     kl = KLWarmup(recipe["kl_warmup_epochs"], recipe["kl_min"])
     results["training"] = {
         "entry": args.entry, "dtype": args.dtype, "batch_size": args.batch_size,
@@ -267,7 +257,7 @@ def train(args, data, results, output):
     for step in range(steps):
         if step % args.steps_per_epoch == 0:
             model.kl_weight.assign(kl.beta(step // args.steps_per_epoch))
-        optimizer.learning_rate = rates[min(int(keras.ops.convert_to_numpy(optimizer.iterations)), steps)]
+        optimizer.learning_rate = rates[int(keras.ops.convert_to_numpy(optimizer.iterations))]
         logs = model.train_on_batch(next(batches), return_dict=True)
         if step % args.log_every == 0 or step == steps - 1:
             elapsed = time.perf_counter() - start
@@ -371,7 +361,8 @@ def run(args):
         weights = pathlib.Path(args.weights)  # trained before: score it only
     else:
         model = train(args, data, results, output)
-        results["training"]["peak_gpu_memory_gib"] = _peak_memory_gib()
+        peak = gpu_peak_bytes(_backend())
+        results["training"]["peak_gpu_memory_gib"] = None if peak is None else peak / 2**30
         weights = save_float16(model, args, output)
         if args.split_mib:
             _write_parts(weights, args.split_mib)

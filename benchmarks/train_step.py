@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 
+from device_memory import gpu_peak_bytes  # benchmarks/, this script's folder
+
 VARIANTS = ("cifar10-attentive", "cifar10-baseline", "cifar10-performer")
 REDUCED = dict(num_layers=4, preprocess_filters=32, decoder_filters=32, nonlocal_num_random_features=64)
 
@@ -54,24 +56,10 @@ def measure(name, overrides, batch_size, steps, warmup):
 
 
 def peak_memory_mb():
-    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
     try:
-        if backend == "torch":
-            import torch
-
-            if torch.cuda.is_available():
-                return torch.cuda.max_memory_allocated() / 2**20
-        elif backend == "jax":
-            import jax
-
-            device = jax.devices()[0]
-            if device.platform == "gpu":
-                return device.memory_stats()["peak_bytes_in_use"] / 2**20
-        else:
-            import tensorflow as tf
-
-            if tf.config.list_physical_devices("GPU"):
-                return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+        peak = gpu_peak_bytes(os.environ.get("KERAS_BACKEND", "tensorflow"))
+        if peak is not None:
+            return peak / 2**20
     except Exception:  # memory statistics are best-effort per platform
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
